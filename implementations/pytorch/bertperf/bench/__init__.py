@@ -1,0 +1,1 @@
+"""Benchmarks: each prints a table; results are recorded in docs/performance.md."""

@@ -1,0 +1,1 @@
+"""Data preparation: Wikipedia text to the MLPerf reference's exact BERT pretraining samples."""

@@ -1,0 +1,71 @@
+"""File helpers shared by every prep stage: atomic outputs, strict UTF-8 reading, md5."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+from bertperf.errors import UserError
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.
+
+    On any exception (including KeyboardInterrupt) the temporary file is removed, so a final name
+    always means a complete file and nothing already at `path` is lost on failure.
+    """
+    path = Path(path)
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{parent}: cannot create output folder: {exc.strerror}") from None
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"{parent}: output folder is not writable")
+    tmp = parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> None:
+    """Remove temporaries that a killed run (SIGKILL, power loss) could not clean up."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for tmp in folder.glob(".*.tmp-*"):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def read_utf8(path: str | os.PathLike) -> str:
+    """Read a whole file as strict UTF-8; a bad byte is reported with its file, line and offset."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected a file") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UserError(
+            f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+
+
+def md5_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,125 @@
+"""The padded HDF5 sample layout that `create` and `eval` write (NVIDIA's MLPerf PyTorch layout).
+
+Six datasets, N rows, no compression (docs/data_format.md):
+  input_ids [N, L] int16, input_mask [N, L] int8, segment_ids [N, L] int8,
+  masked_lm_positions [N, P] int16, masked_lm_ids [N, P] int16, next_sentence_labels [N] int8.
+Padding is 0 everywhere (position 0 is [CLS], never masked, so it is a safe sentinel).
+Ids are stored as int32 when the vocabulary does not fit int16.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from bertperf.errors import UserError
+from bertperf.prep.instances import Instances
+
+DATASETS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+            "next_sentence_labels")
+_CHUNK = 8192
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + l) for each (s, l), vectorised."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total)
+
+
+def pad_rows(inst: Instances, rows: np.ndarray, max_seq_length: int,
+             max_pred: int) -> dict[str, np.ndarray]:
+    """The padded arrays of instances `rows` (indices into creation order), as the reference writes."""
+    n = len(rows)
+    lengths = inst.offsets[rows + 1] - inst.offsets[rows]
+    cols = np.arange(max_seq_length)
+    real = cols[None, :] < lengths[:, None]
+    input_ids = np.zeros((n, max_seq_length), dtype=np.int32)
+    input_ids[real] = inst.tokens[_ranges(inst.offsets[rows], lengths)]
+    segment_ids = real & (cols[None, :] >= (inst.a_lengths[rows] + 2)[:, None])
+    mlen = inst.mlm_offsets[rows + 1] - inst.mlm_offsets[rows]
+    mreal = np.arange(max_pred)[None, :] < mlen[:, None]
+    positions = np.zeros((n, max_pred), dtype=np.int32)
+    labels = np.zeros((n, max_pred), dtype=np.int32)
+    src = _ranges(inst.mlm_offsets[rows], mlen)
+    positions[mreal] = inst.mlm_positions[src]
+    labels[mreal] = inst.mlm_labels[src]
+    return {
+        "input_ids": input_ids,
+        "input_mask": real.astype(np.int8),
+        "segment_ids": segment_ids.astype(np.int8),
+        "masked_lm_positions": positions,
+        "masked_lm_ids": labels,
+        "next_sentence_labels": inst.nsp[rows].astype(np.int8),
+    }
+
+
+def dtypes(vocab_size: int, max_seq_length: int) -> dict[str, np.dtype]:
+    ids = np.int16 if vocab_size <= np.iinfo(np.int16).max + 1 else np.int32
+    pos = np.int16 if max_seq_length <= np.iinfo(np.int16).max + 1 else np.int32
+    return {"input_ids": ids, "input_mask": np.int8, "segment_ids": np.int8,
+            "masked_lm_positions": pos, "masked_lm_ids": ids, "next_sentence_labels": np.int8}
+
+
+def write_instances(path: str | os.PathLike, inst: Instances, rows: np.ndarray,
+                    max_seq_length: int, max_pred: int, vocab_size: int) -> None:
+    """Write instances `rows` (in that order) to a new HDF5 file at `path` (a temporary name)."""
+    types = dtypes(vocab_size, max_seq_length)
+    n = len(rows)
+    shapes = {"input_ids": (n, max_seq_length), "input_mask": (n, max_seq_length),
+              "segment_ids": (n, max_seq_length), "masked_lm_positions": (n, max_pred),
+              "masked_lm_ids": (n, max_pred), "next_sentence_labels": (n,)}
+    with h5py.File(path, "w") as f:
+        sets = {k: f.create_dataset(k, shape=shapes[k], dtype=types[k]) for k in DATASETS}
+        for start in range(0, n, _CHUNK):
+            block = pad_rows(inst, rows[start:start + _CHUNK], max_seq_length, max_pred)
+            for k in DATASETS:
+                sets[k][start:start + len(block[k])] = block[k]
+
+
+def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    with h5py.File(path, "w") as f:
+        for k in DATASETS:
+            f.create_dataset(k, data=arrays[k])
+
+
+def read_samples(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read and check a padded sample file; any damage is a UserError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in DATASETS if k not in f]
+            if missing:
+                raise UserError(f"{path}: not a sample file, missing dataset(s) {', '.join(missing)}")
+            arrays = {k: f[k][()] for k in DATASETS}
+    except UserError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None
+    check_samples(path, arrays)
+    return arrays
+
+
+def check_samples(path: Path, a: dict[str, np.ndarray]) -> None:
+    n = len(a["next_sentence_labels"])
+    if a["next_sentence_labels"].ndim != 1 or any(len(a[k]) != n for k in DATASETS):
+        raise UserError(f"{path}: datasets disagree on the number of samples")
+    seq = {a[k].shape[1:] for k in ("input_ids", "input_mask", "segment_ids")}
+    pred = {a[k].shape[1:] for k in ("masked_lm_positions", "masked_lm_ids")}
+    if len(seq) != 1 or len(pred) != 1 or len(next(iter(seq))) != 1 or len(next(iter(pred))) != 1:
+        raise UserError(f"{path}: datasets have inconsistent row lengths")
+
+
+def count_samples(path: str | os.PathLike) -> int:
+    try:
+        with h5py.File(path, "r") as f:
+            return int(f["next_sentence_labels"].shape[0])
+    except (OSError, KeyError) as exc:
+        raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None

@@ -1,0 +1,119 @@
+"""Checksum manifests: every stage records md5, size and sample count of each file it writes.
+
+A folder's `MANIFEST.json` is the merged record. Workers (other processes, other MPI ranks) append
+one JSON line per finished file to a private fragment `.manifest-<host>-<pid>.jsonl`, fsynced right
+after the file's atomic rename, so an interrupted stage keeps its finished files: the next run finds
+them, verifies them and skips them. `finalize` folds the fragments into `MANIFEST.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bertperf.errors import UserError
+from bertperf.prep.fileio import atomic_output, md5_file
+
+MANIFEST_NAME = "MANIFEST.json"
+FORMAT = "bertperf-manifest/1"
+
+
+@dataclass
+class Entry:
+    """What a stage recorded for one output file."""
+
+    md5: str
+    bytes: int
+    samples: int | None
+    stage: str
+    key: str  # hash of the stage, its parameters and its inputs' md5s: a changed input reruns the file
+
+
+def task_key(stage: str, params: dict, inputs: list[str | os.PathLike]) -> str:
+    """Identify a task by what it reads and how; inputs are identified by content, not by name."""
+    doc = {
+        "stage": stage,
+        "params": params,
+        "inputs": [[Path(p).name, md5_file(p)] for p in inputs],
+    }
+    return hashlib.md5(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def entry_for(path: Path, stage: str, key: str, samples: int | None = None) -> Entry:
+    return Entry(md5=md5_file(path), bytes=path.stat().st_size, samples=samples, stage=stage, key=key)
+
+
+def _fragments(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".manifest-*.jsonl"))
+
+
+def load(folder: str | os.PathLike) -> dict[str, Entry]:
+    """The merged record of a folder: MANIFEST.json plus any fragments an unfinished run left."""
+    folder = Path(folder)
+    entries: dict[str, Entry] = {}
+    path = folder / MANIFEST_NAME
+    if path.exists():
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("format") != FORMAT:
+                raise ValueError(f"unknown format {doc.get('format')!r}")
+            for name, e in doc["files"].items():
+                entries[name] = Entry(**e)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{path}: corrupt manifest ({exc})") from None
+    for frag in _fragments(folder):
+        for line in frag.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                entries[rec["name"]] = Entry(**rec["entry"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a crash: that file is simply redone
+    return entries
+
+
+def record(folder: str | os.PathLike, name: str, entry: Entry) -> None:
+    """Append one finished file to this process's fragment (safe across processes and hosts)."""
+    folder = Path(folder)
+    frag = folder / f".manifest-{socket.gethostname()}-{os.getpid()}.jsonl"
+    with open(frag, "a") as f:
+        f.write(json.dumps({"name": name, "entry": asdict(entry)}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def finalize(folder: str | os.PathLike) -> Path:
+    """Merge fragments into MANIFEST.json (atomically) and delete them. Only one process calls this."""
+    folder = Path(folder)
+    entries = load(folder)
+    doc = {"format": FORMAT, "files": {k: asdict(entries[k]) for k in sorted(entries)}}
+    path = folder / MANIFEST_NAME
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    for frag in _fragments(folder):
+        frag.unlink(missing_ok=True)
+    return path
+
+
+def is_done(folder: str | os.PathLike, name: str, key: str, entries: dict[str, Entry]) -> bool:
+    """True when `name` exists, was made from the same inputs and parameters, and still verifies."""
+    e = entries.get(name)
+    path = Path(folder) / name
+    if e is None or e.key != key or not path.is_file():
+        return False
+    return path.stat().st_size == e.bytes and md5_file(path) == e.md5
+
+
+def check_file(path: Path, e: Entry) -> str | None:
+    """Why `path` does not match its entry, or None when it does."""
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if size != e.bytes:
+        return f"size {size} != {e.bytes} recorded (truncated or replaced)"
+    if md5_file(path) != e.md5:
+        return "md5 differs from manifest (corrupt or replaced)"
+    return None

