@@ -58,10 +58,9 @@ static double rng_random(Rng *r) {
 
 /* random._randbelow_with_getrandbits(n), n >= 1 and n < 2**32 */
 static uint32_t rng_below(Rng *r, uint32_t n) {
-    int k = 0;
-    uint32_t v = n, x;
-    while (v) { k++; v >>= 1; }  /* n.bit_length() */
-    do { x = genrand_uint32(r) >> (32 - k); } while (x >= n);
+    int shift = __builtin_clz(n);  /* 32 - n.bit_length() */
+    uint32_t x;
+    do { x = genrand_uint32(r) >> shift; } while (x >= n);
     return x;
 }
 
