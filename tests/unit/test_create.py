@@ -19,8 +19,7 @@ GOLDEN = {  # data_prep_facts.md §A1.6: the reference script, unmodified, on th
     (128, 20, 2): (245, "208e2065e43346055933549a7625a100"),
     (512, 76, 10): (1002, "d3f0ea783dc94fed7b48a4aa0deb95a4"),
 }
-ENGINES = [("c", "fast"), ("python", "reference")] if fast_engine_available() else \
-    [("python", "fast"), ("python", "reference")]
+ENGINES = [("c", "python"), ("python", "python"), ("c" if fast_engine_available() else "python", "hf")]
 
 
 @pytest.fixture(scope="module")

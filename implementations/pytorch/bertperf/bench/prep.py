@@ -63,10 +63,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:8s} {time.perf_counter() - t0:7.2f} s (1 worker)")
         parts = work / "parts"
         text_mb = sum(p.stat().st_size for p in parts.glob("part-*")) / 1e6
-        configs = [("C + HF tokenizers", 1, "c", "fast"),
-                   ("C + HF tokenizers", args.workers, "c", "fast")]
+        configs = [("C builder", 1, "c", "python"),
+                   ("C builder + HF tok.", 1, "c", "hf"),
+                   ("C builder", args.workers, "c", "python")]
         if not args.skip_python:
-            configs.insert(0, ("pure Python", 1, "python", "reference"))
+            configs.insert(0, ("pure Python", 1, "python", "python"))
         for label, workers, engine, tok in configs:
             out = work / f"hdf5-{engine}-{tok}-{workers}"
             t0 = time.perf_counter()

@@ -67,8 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="local worker processes for --input_dir (default: all cores)")
     p.add_argument("--engine", choices=("auto", "c", "python"), default="auto",
                    help="instance builder: the C fast path or the pure-Python one (same output)")
-    p.add_argument("--tokenizer", choices=("auto", "fast", "reference"), default="auto",
-                   help="HF tokenizers with exact-parity routing, or the pure-Python reference")
+    p.add_argument("--tokenizer", choices=("python", "hf"), default="python",
+                   help="the pure-Python reference tokenizer (word-cached, the fastest here) or HF "
+                        "`tokenizers` for lines proven to tokenize identically (same output)")
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,7 @@ def get_tokenizer(vocab_file: str, do_lower_case: bool, kind: str):
 
     key = (vocab_file, do_lower_case, kind)
     if key not in _TOKENIZERS:
-        fast = {"auto": None, "fast": True, "reference": False}[kind]
-        _TOKENIZERS[key] = Tokenizer(vocab_file, do_lower_case=do_lower_case, fast=fast)
+        _TOKENIZERS[key] = Tokenizer(vocab_file, do_lower_case=do_lower_case, fast=kind == "hf")
     return _TOKENIZERS[key]
 
 
