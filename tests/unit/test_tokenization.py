@@ -335,3 +335,15 @@ def test_whitespace_is_a_hard_boundary(small_vocab):
             b = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
             for sep in (" ", "\n", "\t", "\u00a0", "\u2028", "\u3000"):
                 assert ref.tokenize(a + sep + b) == ref.tokenize(a) + ref.tokenize(b), repr((a, sep, b))
+
+
+def test_skipped_code_points_cannot_matter():
+    """The Unicode tables skip planes 4-13 and 15-16: every code point there must be Cn or Co."""
+    import unicodedata
+
+    from bertperf.prep.tokenization import _scanned_code_points
+
+    scanned = set(_scanned_code_points())
+    others = [cp for cp in range(0x110000)
+              if cp not in scanned and unicodedata.category(chr(cp)) not in ("Cn", "Co")]
+    assert others == []

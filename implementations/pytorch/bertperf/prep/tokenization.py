@@ -178,15 +178,27 @@ def _class_run(lo: int, hi: int) -> str:
     return esc(lo) if lo == hi else f"{esc(lo)}-{esc(hi)}"
 
 
+def _scanned_code_points() -> list[int]:
+    """The code points whose categories can matter: all of them, minus planes 4-13 (unassigned, Cn)
+    and 15-16 (private use, Co, and noncharacters) when the running Unicode is at most 15.1, where
+    that holds. The tables only collect Cc, Cf, Zs, Mn and P*, so skipping Cn/Co changes nothing,
+    and the scan is 3.4x shorter (it runs once per worker process)."""
+    major, minor = (int(x) for x in unicodedata.unidata_version.split(".")[:2])
+    if (major, minor) > (15, 1):
+        return list(range(0x110000))
+    return [*range(0x40000), *range(0xE0000, 0xF0000)]
+
+
 class _Tables:
     """Per-character behaviour of the reference, from `unicodedata` of the running Python."""
 
     def __init__(self) -> None:
-        cats = list(map(unicodedata.category, map(chr, range(0x110000))))
+        cps = _scanned_code_points()
+        cats = dict(zip(cps, map(unicodedata.category, map(chr, cps))))
         # _clean_text: U+0000, U+FFFD and Cc/Cf (but \t \n \r) are dropped; " ", \t, \n, \r and Zs -> " ".
-        drop = [cp for cp, c in enumerate(cats) if c in ("Cc", "Cf") and cp not in (9, 10, 13)]
+        drop = [cp for cp, c in cats.items() if c in ("Cc", "Cf") and cp not in (9, 10, 13)]
         drop += [0, 0xFFFD]
-        space = [9, 10, 13] + [cp for cp, c in enumerate(cats) if c == "Zs" and cp != 0x20]
+        space = [9, 10, 13] + [cp for cp, c in cats.items() if c == "Zs" and cp != 0x20]
         self.clean_map = {cp: None for cp in drop}
         self.clean_map.update({cp: " " for cp in space})
         self.clean_re = re.compile(f"[{_char_class(self.clean_map)}]")
@@ -194,10 +206,10 @@ class _Tables:
         # kept by _clean_text); \x0b \x0c \x1c-\x1f \x85 are Cc, so dropped before the split.
         self.cjk_re = re.compile(f"[{''.join(_class_run(lo, hi) for lo, hi in _CJK_RANGES)}]")
         # _run_strip_accents: NFD then drop Mn.
-        self.mn_map = {cp: None for cp, c in enumerate(cats) if c == "Mn"}
+        self.mn_map = {cp: None for cp, c in cats.items() if c == "Mn"}
         # _is_punctuation: ASCII 33-47, 58-64, 91-96, 123-126, and any P* category.
         punct = [cp for cp in range(128) if not chr(cp).isalnum() and 33 <= cp <= 126]
-        punct += [cp for cp, c in enumerate(cats) if c[0] == "P"]
+        punct += [cp for cp, c in cats.items() if c[0] == "P"]
         cls = _char_class(punct)
         self.punct_split_re = re.compile(f"[{cls}]|[^{cls}]+")
         self.ascii_drop_re = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
