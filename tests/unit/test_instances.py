@@ -25,9 +25,8 @@ def random_documents(seed: int, n_docs: int, max_sents: int, max_len: int) -> Do
 
 
 def same(a, b) -> None:
-    for field in ("tokens", "offsets", "a_lengths", "nsp", "mlm_positions", "mlm_labels",
-                  "mlm_offsets", "order"):
-        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    assert a.samples.equals(b.samples)
+    np.testing.assert_array_equal(a.order, b.order)
 
 
 IDS = SpecialIds(cls=101, sep=102, mask=103, vocab_size=30522)
@@ -54,22 +53,23 @@ def test_round_half_to_even_and_caps():
     docs = Documents(np.arange(1000, 1027, dtype=np.int32), np.array([0, 13, 27], dtype=np.int64),
                      np.array([0, 2], dtype=np.int64))
     inst = build_instances(docs, Params(30, 76, 0.15, 1, 0.0, 3), IDS, "python")
-    lengths = np.diff(inst.offsets)
-    for i, n in enumerate(lengths):
-        assert np.diff(inst.mlm_offsets)[i] == min(76, max(1, round(n * 0.15)))
-    assert 30 in lengths.tolist() and np.diff(inst.mlm_offsets)[lengths.tolist().index(30)] == 4
+    lengths, counts = inst.samples.lengths, inst.samples.mlm_counts
+    for n, c in zip(lengths, counts):
+        assert c == min(76, max(1, round(n * 0.15)))
+    assert 30 in lengths.tolist() and counts[lengths.tolist().index(30)] == 4
 
 
 def test_instance_structure():
     docs = random_documents(3, 20, 10, 50)
     inst = build_instances(docs, Params(128, 20, 0.15, 2, 0.1, 11), IDS, "python")
     assert sorted(inst.order.tolist()) == list(range(len(inst)))
+    s = inst.samples
     for i in range(len(inst)):
-        t = inst.tokens[inst.offsets[i]:inst.offsets[i + 1]]
-        a = inst.a_lengths[i]
+        t = s.input_ids[s.offsets[i]:s.offsets[i + 1]]
+        a = s.b_starts[i] - 2
         assert len(t) <= 128 and t[0] == IDS.cls and t[a + 1] == IDS.sep and t[-1] == IDS.sep
         assert a >= 1 and len(t) - a - 3 >= 1
-        pos = inst.mlm_positions[inst.mlm_offsets[i]:inst.mlm_offsets[i + 1]]
+        pos = s.mlm_positions[s.mlm_offsets[i]:s.mlm_offsets[i + 1]]
         assert np.all(np.diff(pos) > 0) and 0 not in pos and a + 1 not in pos
         assert len(t) - 1 not in pos
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertperf.data.samples import Samples
 from bertperf.errors import UserError
 from bertperf.prep import hdf5io, manifest
 from bertperf.prep.fileio import atomic_output, read_utf8, remove_stale_temporaries
@@ -160,7 +161,10 @@ def build_instances(docs: Documents, params: Params, ids: SpecialIds, engine: st
         params.masked_lm_prob, params.dupe_factor, params.short_seq_prob,
         ids.cls, ids.sep, ids.mask, ids.vocab_size)
     types = (np.int32, np.int64, np.int32, np.int8, np.int32, np.int32, np.int64, np.int64)
-    return Instances(*(np.frombuffer(b, dtype=t) for b, t in zip(out, types)))
+    tokens, offsets, a_lengths, nsp, positions, labels, mlm_offsets, order = (
+        np.frombuffer(b, dtype=t) for b, t in zip(out, types))
+    return Instances(Samples(tokens, offsets, a_lengths + 2, positions, labels, mlm_offsets, nsp),
+                     order)
 
 
 def run_task(task: Task) -> tuple[str, int]:
@@ -181,8 +185,8 @@ def run_task(task: Task) -> tuple[str, int]:
     for k, out in enumerate(task.outputs):
         rows = inst.order[k::len(task.outputs)]  # the reference's round-robin writers
         with atomic_output(out) as tmp:
-            hdf5io.write_instances(tmp, inst, rows, task.params.max_seq_length,
-                                   task.params.max_predictions_per_seq, ids.vocab_size)
+            hdf5io.write_samples(tmp, inst.samples, rows, task.params.max_seq_length,
+                                 task.params.max_predictions_per_seq, ids.vocab_size)
         out_path = Path(out)
         manifest.record(out_path.parent, out_path.name,
                         manifest.entry_for(out_path, STAGE, key, samples=len(rows)))

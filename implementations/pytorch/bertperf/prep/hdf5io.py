@@ -15,48 +15,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from bertperf.data.samples import PADDED_FIELDS as DATASETS
+from bertperf.data.samples import Samples
 from bertperf.errors import UserError
-from bertperf.prep.instances import Instances
-
-DATASETS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-            "next_sentence_labels")
 _CHUNK = 8192
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + l) for each (s, l), vectorised."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lengths)
-    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total)
-
-
-def pad_rows(inst: Instances, rows: np.ndarray, max_seq_length: int,
-             max_pred: int) -> dict[str, np.ndarray]:
-    """The padded arrays of instances `rows` (indices into creation order), as the reference writes."""
-    n = len(rows)
-    lengths = inst.offsets[rows + 1] - inst.offsets[rows]
-    cols = np.arange(max_seq_length)
-    real = cols[None, :] < lengths[:, None]
-    input_ids = np.zeros((n, max_seq_length), dtype=np.int32)
-    input_ids[real] = inst.tokens[_ranges(inst.offsets[rows], lengths)]
-    segment_ids = real & (cols[None, :] >= (inst.a_lengths[rows] + 2)[:, None])
-    mlen = inst.mlm_offsets[rows + 1] - inst.mlm_offsets[rows]
-    mreal = np.arange(max_pred)[None, :] < mlen[:, None]
-    positions = np.zeros((n, max_pred), dtype=np.int32)
-    labels = np.zeros((n, max_pred), dtype=np.int32)
-    src = _ranges(inst.mlm_offsets[rows], mlen)
-    positions[mreal] = inst.mlm_positions[src]
-    labels[mreal] = inst.mlm_labels[src]
-    return {
-        "input_ids": input_ids,
-        "input_mask": real.astype(np.int8),
-        "segment_ids": segment_ids.astype(np.int8),
-        "masked_lm_positions": positions,
-        "masked_lm_ids": labels,
-        "next_sentence_labels": inst.nsp[rows].astype(np.int8),
-    }
 
 
 def dtypes(vocab_size: int, max_seq_length: int) -> dict[str, np.dtype]:
@@ -66,9 +28,9 @@ def dtypes(vocab_size: int, max_seq_length: int) -> dict[str, np.dtype]:
             "masked_lm_positions": pos, "masked_lm_ids": ids, "next_sentence_labels": np.int8}
 
 
-def write_instances(path: str | os.PathLike, inst: Instances, rows: np.ndarray,
-                    max_seq_length: int, max_pred: int, vocab_size: int) -> None:
-    """Write instances `rows` (in that order) to a new HDF5 file at `path` (a temporary name)."""
+def write_samples(path: str | os.PathLike, samples: Samples, rows: np.ndarray,
+                  max_seq_length: int, max_pred: int, vocab_size: int) -> None:
+    """Write samples `rows` (in that order), padded, to a new HDF5 file at `path` (a temporary name)."""
     types = dtypes(vocab_size, max_seq_length)
     n = len(rows)
     shapes = {"input_ids": (n, max_seq_length), "input_mask": (n, max_seq_length),
@@ -77,7 +39,7 @@ def write_instances(path: str | os.PathLike, inst: Instances, rows: np.ndarray,
     with h5py.File(path, "w") as f:
         sets = {k: f.create_dataset(k, shape=shapes[k], dtype=types[k]) for k in DATASETS}
         for start in range(0, n, _CHUNK):
-            block = pad_rows(inst, rows[start:start + _CHUNK], max_seq_length, max_pred)
+            block = samples.to_padded(max_seq_length, max_pred, rows[start:start + _CHUNK])
             for k in DATASETS:
                 sets[k][start:start + len(block[k])] = block[k]
 

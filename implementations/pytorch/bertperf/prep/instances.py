@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertperf.data.samples import Samples, offsets_from_lengths
 from bertperf.errors import UserError
 
 
@@ -70,24 +71,14 @@ class Documents:
 
 @dataclass
 class Instances:
-    """Instances in creation order, flat, plus the order the reference writes them in.
+    """The samples in creation order, and the order the reference writes them in (its final
+    `rng.shuffle(instances)`, applied to indices)."""
 
-    Instance i: input_ids = tokens[offsets[i]:offsets[i+1]] ([CLS] A [SEP] B [SEP], masking applied),
-    segment 0 for its first a_lengths[i] + 2 tokens, NSP label nsp[i] (1 = random next), masked
-    positions/labels = mlm_positions/mlm_labels[mlm_offsets[i]:mlm_offsets[i+1]] (ascending).
-    """
-
-    tokens: np.ndarray  # int32
-    offsets: np.ndarray  # int64, n + 1
-    a_lengths: np.ndarray  # int32
-    nsp: np.ndarray  # int8
-    mlm_positions: np.ndarray  # int32
-    mlm_labels: np.ndarray  # int32
-    mlm_offsets: np.ndarray  # int64, n + 1
-    order: np.ndarray  # int64: the reference's final rng.shuffle(instances)
+    samples: Samples
+    order: np.ndarray  # int64
 
     def __len__(self) -> int:
-        return len(self.a_lengths)
+        return len(self.samples)
 
 
 def create_instances(docs: Documents, params: Params, ids: SpecialIds,
@@ -99,7 +90,7 @@ def create_instances(docs: Documents, params: Params, ids: SpecialIds,
     for _ in range(params.dupe_factor):
         for document_index in range(len(all_documents)):
             _instances_from_document(all_documents, document_index, params, ids, rng, out)
-    order = list(range(len(out.a_lengths)))
+    order = list(range(len(out.lengths)))
     rng.shuffle(order)  # the permutation rng.shuffle(instances) applies depends only on the length
     return out.finish(order)
 
@@ -107,34 +98,34 @@ def create_instances(docs: Documents, params: Params, ids: SpecialIds,
 class _Builder:
     def __init__(self) -> None:
         self.tokens: list[int] = []
-        self.offsets = [0]
-        self.a_lengths: list[int] = []
+        self.lengths: list[int] = []
+        self.b_starts: list[int] = []
         self.nsp: list[int] = []
         self.mlm_positions: list[int] = []
         self.mlm_labels: list[int] = []
-        self.mlm_offsets = [0]
+        self.mlm_counts: list[int] = []
 
     def add(self, tokens: list[int], a_length: int, is_random_next: bool,
             positions: list[int], labels: list[int]) -> None:
         self.tokens.extend(tokens)
-        self.offsets.append(len(self.tokens))
-        self.a_lengths.append(a_length)
+        self.lengths.append(len(tokens))
+        self.b_starts.append(a_length + 2)  # after [CLS] A [SEP]
         self.nsp.append(int(is_random_next))
         self.mlm_positions.extend(positions)
         self.mlm_labels.extend(labels)
-        self.mlm_offsets.append(len(self.mlm_positions))
+        self.mlm_counts.append(len(positions))
 
     def finish(self, order: list[int]) -> Instances:
-        return Instances(
-            tokens=np.asarray(self.tokens, dtype=np.int32),
-            offsets=np.asarray(self.offsets, dtype=np.int64),
-            a_lengths=np.asarray(self.a_lengths, dtype=np.int32),
-            nsp=np.asarray(self.nsp, dtype=np.int8),
+        samples = Samples(
+            input_ids=np.asarray(self.tokens, dtype=np.int32),
+            offsets=offsets_from_lengths(np.asarray(self.lengths, dtype=np.int64)),
+            b_starts=np.asarray(self.b_starts, dtype=np.int32),
             mlm_positions=np.asarray(self.mlm_positions, dtype=np.int32),
-            mlm_labels=np.asarray(self.mlm_labels, dtype=np.int32),
-            mlm_offsets=np.asarray(self.mlm_offsets, dtype=np.int64),
-            order=np.asarray(order, dtype=np.int64),
+            mlm_ids=np.asarray(self.mlm_labels, dtype=np.int32),
+            mlm_offsets=offsets_from_lengths(np.asarray(self.mlm_counts, dtype=np.int64)),
+            nsp=np.asarray(self.nsp, dtype=np.int8),
         )
+        return Instances(samples, np.asarray(order, dtype=np.int64))
 
 
 def _instances_from_document(all_documents: list[list[list[int]]], document_index: int,

@@ -1,0 +1,1 @@
+"""Sample layouts on disk and in memory, and the loaders that feed training."""
