@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 WIKI_SAMPLE ?= ../shared/data/wiki_sample
 OUT ?= out
+# torch: the CPU build is pinned and installed first, so that `torch>=2.4` in pyproject.toml is
+# already met (a bare `torch` would download a multi-GB CUDA build). GPU machines bring their own.
+TORCH_CPU ?= torch==2.13.0
 
 .PHONY: setup system-deps test test-fast demo bench-prep lint clean
 
@@ -19,6 +22,7 @@ system-deps:
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_CPU)'
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 

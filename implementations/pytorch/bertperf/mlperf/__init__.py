@@ -1,0 +1,1 @@
+"""MLPerf logging and the official checkers."""
