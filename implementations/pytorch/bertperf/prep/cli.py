@@ -15,6 +15,8 @@ STAGES = {
     "create": "bertperf.prep.create",
     "eval": "bertperf.prep.pick_eval",
     "verify": "bertperf.prep.verify",
+    "unpad": "bertperf.prep.unpad",
+    "chop": "bertperf.prep.chop",
 }
 
 
