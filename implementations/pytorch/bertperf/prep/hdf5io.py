@@ -80,8 +80,10 @@ def check_samples(path: Path, a: dict[str, np.ndarray]) -> None:
 
 
 def count_samples(path: str | os.PathLike) -> int:
+    """Samples in a padded file, an NVIDIA varlen file or an unpadded/packed shard (sequences)."""
     try:
         with h5py.File(path, "r") as f:
-            return int(f["next_sentence_labels"].shape[0])
+            key = "next_sentence_labels" if "next_sentence_labels" in f else "nsp"
+            return int(f[key].shape[0])
     except (OSError, KeyError) as exc:
         raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None

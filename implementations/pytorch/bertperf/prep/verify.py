@@ -37,7 +37,7 @@ def check_folder(folder: Path) -> list[str]:
     for name, entry in sorted(entries.items()):
         path = folder / name
         why = manifest.check_file(path, entry)
-        if why is None and name.endswith(".hdf5") and entry.samples is not None:
+        if why is None and name.endswith((".hdf5", ".h5")) and entry.samples is not None:
             from bertperf.prep.hdf5io import count_samples
 
             try:
