@@ -1,0 +1,197 @@
+"""Global-norm gradient clipping, fp16 dynamic loss scaling, and the clip-then-step sequence.
+
+Clipping (max_grad_norm = 1.0 for MLPerf BERT):
+
+    n     = sqrt(sum over all grads of sum(g*g))          one global L2 norm, fp32
+    coef  = min(max_norm / (n + 1e-6), 1)                 grads *= coef
+
+This is NVIDIA DistributedFusedLAMB's pre-allreduce clipping (apex/contrib/optimizers/
+distributed_fused_lamb.py: `coeff = max_grad_norm / (1e-6 + L2_grad_norm)`, clamped to <= 1) and
+torch.nn.utils.clip_grad_norm_'s formula. (TF's tf.clip_by_global_norm, used by the MLPerf
+reference, computes `clip_norm / max(n, clip_norm)`, i.e. without the 1e-6; apex FusedLAMB divides
+by n / max_norm when n > max_norm. The differences are ~1e-6 relative and only when clipping.)
+The norm is computed with torch._foreach_norm (one multi-tensor launch per device/dtype) and the
+scaling with torch._foreach_mul_; nothing syncs with the host.
+
+Order: the MLPerf TF reference clips per replica BEFORE the gradient all-reduce (unless
+--clip_by_global_norm_after_gradient_allreduce); NVIDIA does the same by default and clips after
+the all-reduce in its *_clipafter configs; the MLPerf rules allow either. With DDP the grads seen
+here are already all-reduced, i.e. this is clip-after-allreduce. With gradient accumulation,
+clip once, on the accumulated gradient, just before the optimizer step.
+
+Non-finite norm (inf/NaN anywhere in the grads, or a sum of squares that overflows fp32): the
+grads are left untouched and the norm is returned as is; clipped_step then skips the optimizer
+step and logs it. NVIDIA's DistributedFusedLAMB does the same (`is_finite = (norm + 1 > norm)`;
+the step counter and weights do not move), with or without fp16.
+
+fp16: DynamicLossScaler is torch.cuda.amp.GradScaler's policy with NVIDIA's settings
+(run_pretraining.py: `GradScaler(init_scale=INIT_LOSS_SCALE (default 2**20), growth_interval=2000)`,
+growth 2, back-off 0.5): multiply the loss by `scale` before backward, unscale the grads, and on
+a non-finite norm skip the step and halve the scale; after 2000 consecutive good steps double it.
+bf16 autocast needs no scaling: pass scaler=None (non-finite norms still skip).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger("bertperf.optim")
+
+CLIP_EPS = 1e-6
+
+
+def _grads_of(params_or_grads: Iterable[Tensor]) -> list[Tensor]:
+    """Gradients from an iterable of parameters (tensors that require grad: their .grad, None
+    skipped) or of gradient tensors (anything else: taken as is)."""
+    out: list[Tensor] = []
+    for t in params_or_grads:
+        if isinstance(t, torch.nn.Parameter) or t.requires_grad:
+            if t.grad is not None:
+                out.append(t.grad)
+        else:
+            out.append(t)
+    return out
+
+
+def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
+    """L2 norm of all the tensors together, as a 0-d tensor on the first tensor's device.
+
+    float32 for fp32/fp16/bf16 grads (low-precision grads are reduced in float32), float64 for
+    float64 grads.
+    """
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    low = all(g.dtype in (torch.float32, torch.float16, torch.bfloat16) for g in grads)
+    per_tensor = torch._foreach_norm(list(grads), 2, dtype=torch.float32 if low else None)
+    device = grads[0].device
+    if any(n.device != device for n in per_tensor):
+        per_tensor = [n.to(device) for n in per_tensor]  # multi-device (not the normal case)
+    return torch.linalg.vector_norm(torch.stack(per_tensor))
+
+
+def clip_grad_norm_(params_or_grads: Iterable[Tensor], max_norm: float | None) -> Tensor:
+    """Scale the grads so their global norm is at most max_norm; return the norm before clipping.
+
+    Accepts parameters (their .grad is used) or gradient tensors. max_norm=None only measures.
+    A non-finite norm leaves the grads untouched (the caller skips the step).
+    """
+    grads = _grads_of(params_or_grads)
+    norm = global_grad_norm(grads)
+    if max_norm is None or not grads:
+        return norm
+    coef = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
+    coef = torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
+    if all(g.device == norm.device for g in grads):
+        torch._foreach_mul_(grads, coef)
+    else:
+        for g in grads:  # multi-device fallback
+            g.mul_(coef.to(g.device))
+    return norm
+
+
+class DynamicLossScaler:
+    """fp16 dynamic loss scale (host-side float; a power of two, so (un)scaling is exact).
+
+    Attributes: scale, growth_tracker (good steps since the last change), skipped_steps.
+    """
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**20,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        min_scale: float = 1.0,
+    ) -> None:
+        if not init_scale > 0:
+            raise ValueError(f"init_scale must be > 0, got {init_scale}")
+        if not (growth_factor > 1.0 and 0.0 < backoff_factor < 1.0 and growth_interval > 0):
+            raise ValueError("need growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0")
+        self.scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.min_scale = float(min_scale)
+        self.growth_tracker = 0
+        self.skipped_steps = 0
+
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        """loss * scale: call backward() on this."""
+        return loss * self.scale
+
+    def unscale_(self, grads: Sequence[Tensor]) -> None:
+        """Divide the (accumulated) grads by the scale, in place, with one foreach launch."""
+        if grads:
+            torch._foreach_mul_(list(grads), 1.0 / self.scale)
+
+    def update(self, found_inf: bool) -> None:
+        """After a step: back off on overflow (and count the skip), else grow every growth_interval."""
+        if found_inf:
+            self.scale = max(self.scale * self.backoff_factor, self.min_scale)
+            self.growth_tracker = 0
+            self.skipped_steps += 1
+        else:
+            self.growth_tracker += 1
+            if self.growth_tracker == self.growth_interval:
+                self.scale *= self.growth_factor
+                self.growth_tracker = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointable state."""
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state_dict()."""
+        self.scale = float(state["scale"])
+        self.growth_tracker = int(state["growth_tracker"])
+        self.skipped_steps = int(state["skipped_steps"])
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What clipped_step did: the global grad norm (unscaled, before clipping), whether the step
+    was skipped, and the loss scale now in force (None without a scaler)."""
+
+    grad_norm: float
+    skipped: bool
+    loss_scale: float | None
+
+
+def clipped_step(
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float | None = 1.0,
+    scaler: DynamicLossScaler | None = None,
+    *,
+    step_index: int | None = None,
+) -> StepOutcome:
+    """Unscale (fp16), compute the global norm, clip, and step -- or skip on a non-finite norm.
+
+    One host sync (reading the norm). Skips are logged at WARNING on logger "bertperf.optim"
+    with the norm and the loss scale before/after; the caller does not advance its LR
+    scheduler or step count for a skipped step (NVIDIA's rule). `step_index` only labels the log.
+    """
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if scaler is not None:
+        scaler.unscale_(grads)
+    norm_t = clip_grad_norm_(grads, max_grad_norm)
+    norm = float(norm_t)
+    finite = bool(torch.isfinite(norm_t))
+    if finite:
+        optimizer.step()
+    old_scale = scaler.scale if scaler is not None else None
+    if scaler is not None:
+        scaler.update(found_inf=not finite)
+    if not finite:
+        where = f" at step {step_index}" if step_index is not None else ""
+        if scaler is not None:
+            log.warning("optimizer step skipped%s: non-finite gradient norm (%s); loss scale %g -> %g; "
+                        "%d steps skipped so far", where, norm, old_scale, scaler.scale, scaler.skipped_steps)
+        else:
+            log.warning("optimizer step skipped%s: non-finite gradient norm (%s)", where, norm)
+    return StepOutcome(grad_norm=norm, skipped=not finite, loss_scale=scaler.scale if scaler is not None else None)

@@ -1,0 +1,86 @@
+"""Build the optimizer by name, and list its MLPerf log keys.
+
+"lamb"  -> bertperf.optim.lamb.Lamb (the closed-division optimizer).
+"adamw" -> torch.optim.AdamW, fused=True when every parameter is on CUDA, foreach=True
+           otherwise. Note torch's AdamW is not the TF reference's AdamWeightDecayOptimizer:
+           torch applies bias correction (TF's does not) and decays as p *= 1 - lr*wd before the
+           Adam update (TF adds wd*p to the update; the same to first order). It is an option for
+           experiments; MLPerf closed BERT requires LAMB.
+
+Hyper-parameters come from the caller (config.py reads BATCHSIZE, LR, OPT_LAMB_BETA_1/2,
+WEIGHT_DECAY_RATE, ...; nothing here reads the environment). Param groups from
+bertperf.optim.groups.param_groups carry their own weight_decay, which overrides `weight_decay`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bertperf.optim.lamb import Lamb
+
+OPTIMIZERS = ("lamb", "adamw")
+
+
+def _all_params(params: list[Any]) -> list[Tensor]:
+    out: list[Tensor] = []
+    for item in params:
+        if isinstance(item, dict):
+            ps = item["params"]
+            out.extend([ps] if isinstance(ps, Tensor) else list(ps))
+        else:
+            out.append(item)
+    return out
+
+
+def make_optimizer(
+    name: str,
+    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-6,
+    weight_decay: float = 0.0,
+    **extra: Any,
+) -> torch.optim.Optimizer:
+    """The optimizer `name` ("lamb" or "adamw") over `params` with these hyper-parameters.
+
+    `extra` goes to the constructor (Lamb: bias_correction, grad_averaging, layer_adaptation;
+    AdamW: e.g. fused/foreach to override the default choice).
+    """
+    key = name.strip().lower()
+    params = list(params)
+    if key == "lamb":
+        return Lamb(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra)
+    if key == "adamw":
+        tensors = _all_params(params)
+        if "fused" not in extra and "foreach" not in extra:
+            if tensors and all(p.is_cuda for p in tensors):
+                extra["fused"] = True
+            else:
+                extra["foreach"] = True
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra)
+    raise ValueError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}")
+
+
+def mlperf_hparams(optimizer: torch.optim.Optimizer, scheduler: Any | None = None) -> dict[str, Any]:
+    """Optimizer-related MLPerf log keys -> values (scheduler keys too when it has mlperf_hparams).
+
+    opt_lamb_weight_decay_rate is the largest per-group decay (the real rate; NVIDIA's v2.0 code
+    logged optimizer.defaults['weight_decay'], 0.0, by mistake).
+    """
+    g0 = optimizer.param_groups[0]
+    beta1, beta2 = g0["betas"]
+    out: dict[str, Any] = {
+        "opt_name": "lamb" if isinstance(optimizer, Lamb) else type(optimizer).__name__.lower(),
+        "opt_lamb_epsilon": float(g0["eps"]),
+        "opt_lamb_beta_1": float(beta1),
+        "opt_lamb_beta_2": float(beta2),
+        "opt_lamb_weight_decay_rate": max(float(g["weight_decay"]) for g in optimizer.param_groups),
+    }
+    if scheduler is not None and hasattr(scheduler, "mlperf_hparams"):
+        out.update(scheduler.mlperf_hparams())
+    return out

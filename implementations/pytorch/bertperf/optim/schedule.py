@@ -1,0 +1,172 @@
+"""The MLPerf BERT learning-rate schedule: linear warm-up, then polynomial decay to end_lr.
+
+NVIDIA's formula (training_results_v2.0 NVIDIA/benchmarks/bert/implementations/pytorch/
+schedulers.py:LinearWarmupPolyDecayScheduler.get_lr; unchanged in later rounds), with s the
+scheduler's step, set by `step()` to `optimizer._step + 1` and called BEFORE each optimizer
+step, i.e. s = (optimizer steps already completed) + 1 = the 1-based index of the step about to run:
+
+    offset   = 1 if start_warmup_step == 0 else 0
+    mod_step = s - offset - start_warmup_step
+    if mod_step < warmup_steps:
+        lr = base_lr * mod_step / (warmup_steps + 1e-6)                          # warm-up
+    else:
+        p  = min((s - offset) / total_steps, 1)
+        lr = (base_lr - end_lr) * (1 - p) ** power + end_lr                     # decay
+
+total_steps = MAX_STEPS, power = 1.0 and end_lr = 0 in every MLPerf BERT config. Notes:
+
+* The decay is measured from step 0, not from the end of warm-up, so with a negative
+  start_warmup_step the LR rises to ~base_lr and then drops onto the decay line.
+* With start_warmup_step == 0 the offset makes mod_step = completed steps, exactly the TF
+  reference's `global_step` (mlcommons/training@d6b13890 language_model/tensorflow/bert/
+  optimization.py:create_optimizer: `polynomial_decay(init_lr, global_step, num_train_steps,
+  end_learning_rate=0.0, power=poly_power)`, replaced by `(global_step - start_warmup_step) /
+  num_warmup_steps * init_lr` while `global_step - start_warmup_step < num_warmup_steps`); in
+  particular the very first step runs with lr = 0. With start_warmup_step != 0 NVIDIA's offset is
+  0, so NVIDIA's schedule is one step AHEAD of the TF reference's (see tf_reference_lr_at).
+  We follow NVIDIA (the configs' START_WARMUP_STEP values were tuned on it).
+* The warm-up divides by warmup_steps + 1e-6 (NVIDIA; TF divides by warmup_steps exactly).
+* A positive start_warmup_step gives mod_step < 0, i.e. a NEGATIVE learning rate, for
+  s < start_warmup_step (and lr = 0 at s = start_warmup_step); both references do this. No
+  MLPerf config uses a positive value (they use 0, -25, -76, -100, -700, -9500, -200000); the
+  scheduler warns when given one and otherwise follows the formula.
+* When WARMUP_STEPS == 0 NVIDIA's trainer replaces (warmup, start) by
+  (int(MAX_STEPS * WARMUP_PROPORTION), 0) (run_pretraining.py:prepare_model_and_optimizer);
+  resolve_warmup does that.
+
+This module's scheduler follows torch's convention instead of NVIDIA's call order: construct it
+(the LR of the first step is set then) and call `step()` AFTER every optimizer step that was
+taken (not after a skipped fp16 step, which NVIDIA does not count either). Its `last_epoch` is
+then the number of completed optimizer steps k, and the LR set for the next step is
+lr_at(k + 1), identical to NVIDIA's. Computed in float64 on the host (NVIDIA computes in float32
+on the device; differences are below 1e-7 relative).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+WARMUP_DENOM_EPS = 1e-6  # NVIDIA: mod_step / (num_warmup_updates + 1e-6)
+
+
+def lr_at(
+    step: int,
+    base_lr: float,
+    warmup_steps: float,
+    total_steps: int,
+    start_warmup_step: int = 0,
+    end_lr: float = 0.0,
+    power: float = 1.0,
+) -> float:
+    """NVIDIA's LinearWarmupPolyDecayScheduler LR for scheduler step `step` (= completed + 1)."""
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be > 0, got {total_steps}")
+    offset = 1 if start_warmup_step == 0 else 0
+    mod_step = step - offset - start_warmup_step
+    if mod_step < warmup_steps:
+        return base_lr * mod_step / (warmup_steps + WARMUP_DENOM_EPS)
+    progress = min((step - offset) / total_steps, 1.0)
+    return (base_lr - end_lr) * (1.0 - progress) ** power + end_lr
+
+
+def tf_reference_lr_at(
+    global_step: int,
+    base_lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    start_warmup_step: int = 0,
+    end_lr: float = 0.0,
+    power: float = 1.0,
+) -> float:
+    """The MLPerf TF reference's LR at `global_step` (= completed optimizer steps), for comparison.
+
+    tf.train.polynomial_decay(cycle=False): (base - end) * (1 - min(step, T)/T)**power + end;
+    warm-up (only when warmup_steps != 0): base * (step - start) / warmup while step - start < warmup.
+    """
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be > 0, got {total_steps}")
+    lr = (base_lr - end_lr) * (1.0 - min(global_step, total_steps) / total_steps) ** power + end_lr
+    if warmup_steps and global_step - start_warmup_step < warmup_steps:
+        lr = base_lr * (global_step - start_warmup_step) / warmup_steps
+    return lr
+
+
+def resolve_warmup(warmup_steps: float, start_warmup_step: float, max_steps: int,
+                   warmup_proportion: float = 0.0) -> tuple[int, int]:
+    """(warmup_steps, start_warmup_step) as NVIDIA's trainer derives them from its flags.
+
+    WARMUP_STEPS == 0 -> (int(MAX_STEPS * WARMUP_PROPORTION), 0); else (WARMUP_STEPS,
+    START_WARMUP_STEP). The env values are floats in run_and_time.sh ("0.0"); argparse makes the
+    step counts ints there, so do we (a non-integral value is an error).
+    """
+    def as_int(x: float, what: str) -> int:
+        if float(x) != int(float(x)):
+            raise ValueError(f"{what} must be a whole number, got {x!r}")
+        return int(float(x))
+
+    if float(warmup_steps) == 0.0:
+        return int(max_steps * warmup_proportion), 0
+    return as_int(warmup_steps, "warmup_steps"), as_int(start_warmup_step, "start_warmup_step")
+
+
+class LinearWarmupPolyDecay(LRScheduler):
+    """torch LR scheduler for lr_at: sets every group's lr to lr_at(completed + 1, group's base lr).
+
+    Args:
+        optimizer: the optimizer; each group's initial "lr" is its base_lr (NVIDIA uses one base
+            lr for all groups; bertperf's groups all start at the same lr).
+        warmup_steps, total_steps, start_warmup_step, end_lr, power: as lr_at.
+        last_epoch: completed optimizer steps when resuming (-1 for a fresh start; torch's rule).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        warmup_steps: int,
+        total_steps: int,
+        start_warmup_step: int = 0,
+        end_lr: float = 0.0,
+        power: float = 1.0,
+        last_epoch: int = -1,
+    ) -> None:
+        if total_steps <= 0:
+            raise ValueError(f"total_steps must be > 0, got {total_steps}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if start_warmup_step > 0:
+            warnings.warn(
+                f"start_warmup_step={start_warmup_step} > 0: the reference schedule gives a negative "
+                f"learning rate before step {start_warmup_step}", stacklevel=2)
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.start_warmup_step = start_warmup_step
+        self.end_lr = end_lr
+        self.power = power
+        super().__init__(optimizer, last_epoch)
+
+    def lr_for(self, completed_steps: int) -> list[float]:
+        """Per-group LR of the step that follows `completed_steps` completed optimizer steps."""
+        return [
+            lr_at(completed_steps + 1, float(base), self.warmup_steps, self.total_steps,
+                  self.start_warmup_step, self.end_lr, self.power)
+            for base in self.base_lrs
+        ]
+
+    def get_lr(self) -> list[float]:  # type: ignore[override]
+        """LRs for the next optimizer step (torch calls this from step())."""
+        return self.lr_for(self.last_epoch)
+
+    def mlperf_hparams(self) -> dict[str, Any]:
+        """The schedule's MLPerf log keys (NVIDIA logs num_warmup_updates for both warm-up keys)."""
+        return {
+            "opt_base_learning_rate": float(self.base_lrs[0]),
+            "opt_learning_rate_training_steps": self.total_steps,
+            "opt_learning_rate_warmup_steps": self.warmup_steps,
+            "num_warmup_steps": self.warmup_steps,
+            "start_warmup_step": self.start_warmup_step,
+            "opt_lamb_learning_rate_decay_poly_power": self.power,
+        }
