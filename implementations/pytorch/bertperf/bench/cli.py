@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES = {"prep": "bertperf.bench.prep"}
+BENCHES = {"prep": "bertperf.bench.prep", "loader": "bertperf.bench.loader"}
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:

@@ -17,6 +17,9 @@ STAGES = {
     "verify": "bertperf.prep.verify",
     "unpad": "bertperf.prep.unpad",
     "chop": "bertperf.prep.chop",
+    "pack": "bertperf.prep.pack",
+    "stratify": "bertperf.prep.stratify",
+    "stats": "bertperf.prep.stats",
 }
 
 

@@ -1,0 +1,244 @@
+"""Speed and memory of the per-rank training data loader (bertperf.data.loader).
+
+Writes synthetic bertperf-unpadded/1 shards (MLPerf-like lengths: 512 tokens at most, 76 masks at
+most) and the same samples packed (greedily, up to 3 sequences a row, bertperf-packed/1) into a
+temporary folder, or reads --data DIR, and measures for one loader worker (the producing thread)
+the samples/s of each batch layout: padded [B, 512] arrays, unpadded varlen arrays (cu_seqlens)
+and packed rows (a batch is batch_size rows; samples/s counts the sequences in them), without and
+with prefetching. Then, in a fresh process, the peak RSS of a loader that reads one whole epoch of
+--rss_shards (4320) small shards, all on one rank (the worst case: a real rank reads
+4320 / world_size of them). Goal (issue 4): >= 5,000 samples/s from one worker (an H100 trains
+about 1,000 samples/s, performance_anchors §1c) and < 2 GB per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bertperf.data.loader import ShardDataset, ShardLoader
+from bertperf.data.samples import Samples, offsets_from_lengths, ranges
+from bertperf.data.shards import write_shard
+from bertperf.errors import UserError
+
+HELP = "samples/s of the data loader per worker for each batch layout, and its peak memory"
+GOAL_RATE = 5000
+GOAL_RSS_MB = 2048
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", help="folder of unpadded shards to read (default: synthetic shards)")
+    p.add_argument("--batch_size", type=int, default=56, help="local batch size (default 56)")
+    p.add_argument("--seconds", type=float, default=3.0, help="time per measurement (default 3)")
+    p.add_argument("--shards", type=int, default=8, help="synthetic shards for the rate rows")
+    p.add_argument("--samples_per_shard", type=int, default=4096)
+    p.add_argument("--rss_shards", type=int, default=4320,
+                   help="small shards for the memory row (default 4320; 0 skips it)")
+    p.add_argument("--rss_samples_per_shard", type=int, default=24)
+    p.add_argument("--seed", type=int, default=1)
+
+
+# ---- synthetic data ------------------------------------------------------------------------------
+
+def synthetic_samples(n: int, seed: int, max_seq_length: int = 512, max_pred: int = 76,
+                      vocab_size: int = 30522) -> Samples:
+    """n valid samples with an MLPerf-like length mix: about half near the maximum, a third in
+    between, a tenth short; 15 % of positions masked (at most max_pred), B starting inside."""
+    rng = np.random.default_rng(seed)
+    lo = min(8, max_seq_length)
+    kind = rng.random(n)
+    lengths = np.where(kind < 0.55, rng.integers(max(lo, max_seq_length * 15 // 16),
+                                                 max_seq_length + 1, n),
+                       np.where(kind < 0.9, rng.integers(max(lo, max_seq_length // 4),
+                                                         max_seq_length + 1, n),
+                                rng.integers(lo, max(lo, max_seq_length // 4) + 1, n)))
+    lengths = np.maximum(lengths, 3).astype(np.int64)
+    offsets = offsets_from_lengths(lengths)
+    ids = rng.integers(999, vocab_size, int(offsets[-1]), dtype=np.int64)
+    ids[offsets[:-1]] = 101  # [CLS]
+    ids[offsets[1:] - 1] = 102  # final [SEP]
+    b_starts = 2 + (rng.random(n) * (lengths - 2)).astype(np.int64)  # in [2, length - 1]
+    counts = np.clip(np.rint(0.15 * lengths).astype(np.int64), 1, min(max_pred, 10**9))
+    counts = np.minimum(counts, lengths - 1)
+    # ascending distinct positions in 1..length-1: evenly spaced slots, a random offset in each
+    owner = np.repeat(np.arange(n), counts)
+    k = ranges(np.zeros(n, dtype=np.int64), counts)
+    span = (lengths - 1)[owner] / counts[owner]  # >= 1: slots [k*span, (k+1)*span) are disjoint
+    slot0 = np.floor(k * span).astype(np.int64)
+    slot1 = np.floor((k + 1) * span).astype(np.int64)
+    positions = 1 + slot0 + (rng.random(len(k)) * (slot1 - slot0)).astype(np.int64)
+    mlm_ids = rng.integers(999, vocab_size, len(positions), dtype=np.int64)
+    nsp = (rng.random(n) < 0.5).astype(np.int64)
+    return Samples(ids, offsets, b_starts, positions, mlm_ids, offsets_from_lengths(counts), nsp)
+
+
+def write_synthetic_shards(folder: Path, shards: int, per_shard: int, seed: int,
+                           max_seq_length: int = 512, max_pred: int = 76) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(shards):
+        path = folder / f"part_{i:05d}.h5"
+        write_shard(path, synthetic_samples(per_shard, seed * 100003 + i, max_seq_length,
+                                            max_pred), max_seq_length, max_pred)
+        paths.append(path)
+    return paths
+
+
+def synthetic_packed(samples: Samples, max_seq_length: int = 512, max_seqs_per_row: int = 3):
+    """The samples packed greedily in their order (a new row when the next one does not fit)."""
+    from bertperf.data.packed import Packed
+
+    sizes, fill, count = [], 0, 0
+    for n in samples.lengths.tolist():
+        if count and (fill + n > max_seq_length or count == max_seqs_per_row):
+            sizes.append(count)
+            fill, count = 0, 0
+        fill, count = fill + n, count + 1
+    if count:
+        sizes.append(count)
+    return Packed.from_samples(samples, np.arange(len(samples)), np.asarray(sizes))
+
+
+def write_synthetic_packed(folder: Path, shards: int, per_shard: int, seed: int,
+                           max_seq_length: int = 512, max_pred: int = 76) -> list[Path]:
+    """Packed shards of per_shard synthetic samples each (rows of up to 3 sequences)."""
+    from bertperf.data.packed import write_packed
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(shards):
+        path = folder / f"part_{i:05d}.h5"
+        samples = synthetic_samples(per_shard, seed * 100003 + i, max_seq_length, max_pred)
+        write_packed(path, synthetic_packed(samples, max_seq_length), max_seq_length, max_pred, 3)
+        paths.append(path)
+    return paths
+
+
+# ---- measurements --------------------------------------------------------------------------------
+
+def measure_rate(dataset: ShardDataset, batch_size: int, layout: str, prefetch: int,
+                 seconds: float) -> tuple[float, float]:
+    """(samples/s, tokens/s) of one loader iterated for about `seconds` (whole epochs in a row);
+    for packed rows the samples are the sequences in them."""
+    loader = ShardLoader(dataset, batch_size, layout=layout, prefetch=prefetch, seed=7)
+    samples = tokens = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for batch in loader:
+            if layout == "packed":
+                samples += int((batch["seq_lengths"] > 0).sum())
+            else:
+                samples += len(batch["next_sentence_labels"])
+            tokens += len(batch["input_ids"]) if layout == "varlen" \
+                else int(batch["input_mask"].sum())
+            if time.perf_counter() - t0 >= seconds:
+                break
+    elapsed = time.perf_counter() - t0
+    dataset.close()
+    return samples / elapsed, tokens / elapsed
+
+
+def _rss_kb() -> tuple[int, int]:
+    """(current, peak) resident set size of this process in KiB (the peak twice without /proc)."""
+    try:
+        status = Path("/proc/self/status").read_text().splitlines()
+        values = {line.split(":")[0]: int(line.split()[1]) for line in status
+                  if line.startswith(("VmRSS:", "VmHWM:"))}
+        return values["VmRSS"], values["VmHWM"]
+    except (OSError, KeyError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak, peak
+
+
+def rss_child(folder: str, batch_size: int) -> None:
+    """Run in a fresh process: one epoch over every shard in `folder`; print a JSON line."""
+    base, _ = _rss_kb()
+    t0 = time.perf_counter()
+    dataset = ShardDataset.from_folder(folder)
+    t_open = time.perf_counter() - t0
+    loader = ShardLoader(dataset, batch_size, layout="padded", prefetch=2, seed=3)
+    n = 0
+    t1 = time.perf_counter()
+    for batch in loader:
+        n += len(batch["next_sentence_labels"])
+    t_iter = time.perf_counter() - t1
+    _, peak = _rss_kb()
+    print(json.dumps({"shards": len(dataset), "samples": n, "base_kb": base, "peak_kb": peak,
+                      "index_s": t_open, "epoch_s": t_iter}))
+
+
+def measure_rss(folder: Path, batch_size: int) -> dict:
+    code = ("import sys; from bertperf.bench.loader import rss_child; "
+            f"rss_child({str(folder)!r}, {batch_size})")
+    package_root = str(Path(__file__).resolve().parents[2])  # so the child imports this bertperf
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        raise UserError(f"bench loader: memory measurement failed: "
+                        f"{(run.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bertperf-bench-loader-") as tmp:
+        work = Path(tmp)
+        if args.data:
+            datasets = [ShardDataset.from_folder(args.data)]
+            source = f"{args.data} ({len(datasets[0])} {datasets[0].format} shards)"
+        else:
+            t0 = time.perf_counter()
+            write_synthetic_shards(work / "rate", args.shards, args.samples_per_shard, args.seed)
+            write_synthetic_packed(work / "packed", args.shards, args.samples_per_shard, args.seed)
+            datasets = [ShardDataset.from_folder(work / "rate"),
+                        ShardDataset.from_folder(work / "packed")]
+            source = (f"synthetic, {args.shards} shards x {args.samples_per_shard} samples, "
+                      f"unpadded and the same packed greedily into "
+                      f"{datasets[1].num_samples} rows (written in "
+                      f"{time.perf_counter() - t0:.1f} s)")
+        rows = []
+        for dataset in datasets:
+            kind = "packed" if dataset.packed else "unpadded"
+            for layout in ("packed",) if dataset.packed else ("padded", "varlen"):
+                for prefetch in (0, 2):
+                    rate, tok_rate = measure_rate(dataset, args.batch_size, layout, prefetch,
+                                                  args.seconds)
+                    rows.append((f"{kind} shards -> {layout}", prefetch, rate, tok_rate))
+        rss = None
+        if args.rss_shards:
+            t0 = time.perf_counter()
+            write_synthetic_shards(work / "rss", args.rss_shards, args.rss_samples_per_shard,
+                                   args.seed + 1)
+            t_write = time.perf_counter() - t0
+            rss = measure_rss(work / "rss", args.batch_size)
+    print(f"\nloader, one worker, batch {args.batch_size} (rows, for packed shards); {source}")
+    print(f"| {'layout':30s} | prefetch | samples/s | tokens/s (M) | tokens/sample | "
+          f">= {GOAL_RATE}/s |")
+    print(f"|{'-' * 32}|----------|-----------|--------------|---------------|-----------|")
+    for label, prefetch, rate, tok_rate in rows:
+        ok = "yes" if rate >= GOAL_RATE else "NO"
+        print(f"| {label:30s} | {prefetch:8d} | {rate:9.0f} | {tok_rate / 1e6:12.2f} | "
+              f"{tok_rate / max(rate, 1e-9):13.0f} | {ok:>9s} |")
+    print("(samples = sequences; a packed row holds up to 3)")
+    if rss is not None:
+        peak, base = rss["peak_kb"] / 1024, rss["base_kb"] / 1024
+        ok = "yes" if peak < GOAL_RSS_MB else "NO"
+        print(f"\npeak RSS, one rank reading all {rss['shards']} shards ({rss['samples']} samples, "
+              f"padded, prefetch 2; fresh process; shards written in {t_write:.1f} s):")
+        print(f"| RSS after imports | peak RSS | index {rss['shards']} shards | one epoch | "
+              f"< {GOAL_RSS_MB} MB |")
+        print("|-------------------|----------|------------------|-----------|-----------|")
+        print(f"| {base:14.0f} MB | {peak:5.0f} MB | {rss['index_s']:14.2f} s | "
+              f"{rss['epoch_s']:7.2f} s | {ok:>9s} |")
+    print(f"\n(total {time.perf_counter() - t_start:.0f} s)")
+    return 0
