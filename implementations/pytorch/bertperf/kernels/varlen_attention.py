@@ -1,0 +1,85 @@
+"""Variable-length (unpadded) multi-head self-attention: the tokens of S sequences concatenated,
+sequence i = rows cu_seqlens[i]:cu_seqlens[i+1]; a token attends only to the tokens of its own
+sequence, with no mask and no padding (NVIDIA: `--unpad_fmha`, fmhalib on packed QKV).
+
+Every function takes q, k, v of shape [T, H, D] and returns [T, H, D]; cu_seqlens is [S+1]
+int32, ascending, cu_seqlens[0] = 0, cu_seqlens[-1] = T, no empty sequence; max_seqlen is the
+longest length (a Python int: the CUDA kernels size their grids with it, without a host sync);
+scale defaults to 1 / sqrt(D); dropout_p is applied to the attention probabilities.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # FlashAttention's varlen kernels (torch >= 2.10); their dropout is fixed at 0
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older torch
+    varlen_attn = None
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                     max_seqlen: int, dropout_p: float = 0.0,
+                     scale: float | None = None) -> torch.Tensor:
+    """Attention of each sequence over itself, by the fastest path for the device and arguments:
+    CUDA without dropout in fp16/bf16 -> `varlen_attention_flash`; other CUDA cases ->
+    `varlen_attention_sdpa`; any other device -> `varlen_attention_reference`."""
+    if q.is_cuda:
+        if dropout_p == 0.0 and flash_supported(q):
+            return varlen_attention_flash(q, k, v, cu_seqlens, max_seqlen, scale)
+        return varlen_attention_sdpa(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale)
+    return varlen_attention_reference(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale)
+
+
+def flash_supported(q: torch.Tensor) -> bool:
+    """Whether `varlen_attention_flash` takes q (and k, v of the same kind)."""
+    return (varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+            and torch.cuda.get_device_capability(q.device) >= (8, 0))
+
+
+def varlen_attention_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cu_seqlens: torch.Tensor, max_seqlen: int,
+                           scale: float | None = None) -> torch.Tensor:
+    """`torch.nn.attention.varlen.varlen_attn` (FlashAttention / cuDNN varlen kernels, forward
+    and backward); CUDA, fp16/bf16, no dropout."""
+    if varlen_attn is None:
+        raise RuntimeError("torch.nn.attention.varlen.varlen_attn needs torch >= 2.10")
+    cu = cu_seqlens.to(torch.int32)
+    return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale)
+
+
+def varlen_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0,
+                          scale: float | None = None) -> torch.Tensor:
+    """`scaled_dot_product_attention` on jagged nested tensors: one call for all sequences; on
+    CUDA it runs the flash or memory-efficient varlen kernels (with dropout), elsewhere a
+    per-sequence math path."""
+    offsets = cu_seqlens.to(torch.int64)
+
+    def jagged(x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [S, H, (L), D]
+        return torch.nested.nested_tensor_from_jagged(x, offsets, max_seqlen=max_seqlen) \
+            .transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), dropout_p=dropout_p,
+                                         scale=scale)
+    return out.transpose(1, 2).values()
+
+
+def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               cu_seqlens: torch.Tensor, max_seqlen: int,
+                               dropout_p: float = 0.0,
+                               scale: float | None = None) -> torch.Tensor:
+    """The definition, one sequence at a time: softmax(q k^T * scale) (dropout) v. max_seqlen is
+    not needed here."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    bounds = cu_seqlens.tolist()
+    outs = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # [H, L, D]
+        probs = torch.softmax(qs @ ks.transpose(1, 2) * scale, dim=-1)
+        if dropout_p > 0:
+            probs = F.dropout(probs, dropout_p, training=True)
+        outs.append((probs @ vs).transpose(0, 1))
+    return torch.cat(outs) if outs else torch.empty_like(q)

@@ -1,0 +1,161 @@
+"""The model's inputs: unpadded (what BertForPreTraining takes) and padded (what the reference
+PaddedBertForPreTraining takes), and conversions between them and from the data side's arrays
+(bertperf.data: `collate_varlen`, `Samples.to_padded`, packed rows of `Packed.batch`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Array = np.ndarray | torch.Tensor
+
+
+def _long(x: Array) -> torch.Tensor:
+    return torch.as_tensor(x).long()
+
+
+def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
+    return F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+
+
+@dataclass
+class UnpaddedBatch:
+    """S sequences with T real tokens and M masked tokens in all; sequence i is tokens
+    cu_seqlens[i]:cu_seqlens[i+1]."""
+
+    input_ids: torch.Tensor
+    """[T] int64: the sequences' tokens ([CLS] A [SEP] B [SEP]), concatenated."""
+    segment_ids: torch.Tensor
+    """[T] int64: 0 on segment A (with [CLS] and its [SEP]), 1 on segment B."""
+    position_ids: torch.Tensor
+    """[T] int64: the position inside its sequence (0 at each [CLS])."""
+    cu_seqlens: torch.Tensor
+    """[S+1] int32: 0, then the cumulative sequence lengths."""
+    max_seqlen: int
+    """The longest sequence's length."""
+    masked_lm_positions: torch.Tensor
+    """[M] int64: indices into the T tokens, grouped by sequence, ascending."""
+    masked_lm_ids: torch.Tensor
+    """[M] int64: the original token ids there (MLM labels)."""
+    next_sentence_labels: torch.Tensor
+    """[S] int64: 1 when segment B is a random sentence."""
+
+    def inputs(self) -> dict[str, torch.Tensor | int]:
+        """Keyword arguments for BertForPreTraining.forward."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def seq_lengths(self) -> torch.Tensor:
+        return self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Array]) -> UnpaddedBatch:
+        """From `bertperf.data.loader.collate_varlen` output (numpy or torch, any device;
+        keys other than the fields are ignored)."""
+        return cls(
+            input_ids=_long(arrays["input_ids"]),
+            segment_ids=_long(arrays["segment_ids"]),
+            position_ids=_long(arrays["position_ids"]),
+            cu_seqlens=torch.as_tensor(arrays["cu_seqlens"]).to(torch.int32),
+            max_seqlen=int(arrays["max_seqlen"]),
+            masked_lm_positions=_long(arrays["masked_lm_positions"]),
+            masked_lm_ids=_long(arrays["masked_lm_ids"]),
+            next_sentence_labels=_long(arrays["next_sentence_labels"]),
+        )
+
+
+@dataclass
+class PaddedBatch:
+    """B sequences, one per row, padded to L tokens (MLPerf's padded HDF5 fields, as
+    `Samples.to_padded` writes them)."""
+
+    input_ids: torch.Tensor
+    """[B, L] int64: token ids, 0 after the sequence's end."""
+    input_mask: torch.Tensor
+    """[B, L] int64: 1 on the real tokens, which come first in the row."""
+    segment_ids: torch.Tensor
+    """[B, L] int64: 0/1 as in UnpaddedBatch, 0 on padding."""
+    masked_lm_positions: torch.Tensor
+    """[B, P] int64: masked positions in the row, ascending, then 0 (0 = no mask; [CLS] at
+    position 0 is never masked)."""
+    masked_lm_ids: torch.Tensor
+    """[B, P] int64: the labels at those positions, 0-padded."""
+    next_sentence_labels: torch.Tensor
+    """[B] int64."""
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments for PaddedBertForPreTraining.forward."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Array]) -> PaddedBatch:
+        """From `Samples.to_padded` / padded HDF5 arrays (extra keys ignored)."""
+        return cls(**{f.name: _long(arrays[f.name]).reshape(-1) if f.name == "next_sentence_labels"
+                      else _long(arrays[f.name]) for f in fields(cls)})
+
+
+def unpad(batch: PaddedBatch) -> UnpaddedBatch:
+    """The same sequences, unpadded (reads max_seqlen back to the host)."""
+    mask = batch.input_mask.bool()
+    lengths = mask.sum(1)
+    cu = _cu_seqlens(lengths)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    real = batch.masked_lm_positions != 0
+    flat = cu[:-1, None].long() + batch.masked_lm_positions
+    return UnpaddedBatch(batch.input_ids[mask], batch.segment_ids[mask], positions[mask], cu,
+                         int(lengths.max()), flat[real], batch.masked_lm_ids[real],
+                         batch.next_sentence_labels)
+
+
+def pad(batch: UnpaddedBatch, max_seq_length: int, max_pred: int) -> PaddedBatch:
+    """The same sequences padded to max_seq_length tokens and max_pred masks per row."""
+    cu = batch.cu_seqlens.long()
+    num_seqs = len(cu) - 1
+    dev = cu.device
+    seq = torch.repeat_interleave(torch.arange(num_seqs, device=dev), cu[1:] - cu[:-1])
+    col = torch.arange(len(seq), device=dev) - cu[seq]
+    input_ids = torch.zeros(num_seqs, max_seq_length, dtype=torch.long, device=dev)
+    input_mask = torch.zeros_like(input_ids)
+    segment_ids = torch.zeros_like(input_ids)
+    input_ids[seq, col] = batch.input_ids
+    input_mask[seq, col] = 1
+    segment_ids[seq, col] = batch.segment_ids
+    m_seq = torch.searchsorted(cu[1:], batch.masked_lm_positions, right=True)
+    m_first = F.pad(torch.bincount(m_seq, minlength=num_seqs).cumsum(0), (1, 0))
+    slot = torch.arange(len(m_seq), device=dev) - m_first[m_seq]
+    positions = torch.zeros(num_seqs, max_pred, dtype=torch.long, device=dev)
+    labels = torch.zeros_like(positions)
+    positions[m_seq, slot] = batch.masked_lm_positions - cu[m_seq]
+    labels[m_seq, slot] = batch.masked_lm_ids
+    return PaddedBatch(input_ids, input_mask, segment_ids, positions, labels,
+                       batch.next_sentence_labels)
+
+
+def unpack_rows(arrays: Mapping[str, Array]) -> UnpaddedBatch:
+    """The sequences of packed rows (`bertperf.data.packed.Packed.batch`: R rows of L tokens,
+    up to K sequences each) as an unpadded batch of all their sequences, in row order: the row
+    grouping disappears, every sequence is attended and pooled by itself. Uses input_ids,
+    input_mask, segment_ids, position_ids, seq_lengths [R, K] (0 = no sequence),
+    masked_lm_positions/ids [R, P] (positions relative to the row, 0 = none) and
+    next_sentence_labels [R, K]."""
+    mask = torch.as_tensor(arrays["input_mask"]).bool()
+    seq_lengths = _long(arrays["seq_lengths"])
+    present = seq_lengths > 0
+    lengths = seq_lengths[present]
+    row_starts = F.pad(mask.sum(1).cumsum(0), (1, 0))[:-1]
+    masked = _long(arrays["masked_lm_positions"])
+    real = masked != 0
+    return UnpaddedBatch(
+        input_ids=_long(arrays["input_ids"])[mask],
+        segment_ids=_long(arrays["segment_ids"])[mask],
+        position_ids=_long(arrays["position_ids"])[mask],
+        cu_seqlens=_cu_seqlens(lengths),
+        max_seqlen=int(lengths.max()),
+        masked_lm_positions=(row_starts[:, None] + masked)[real],
+        masked_lm_ids=_long(arrays["masked_lm_ids"])[real],
+        next_sentence_labels=_long(arrays["next_sentence_labels"])[present],
+    )

@@ -1,0 +1,161 @@
+"""BERT's building blocks on unpadded tokens: every activation is [T, ...], T = the number of real
+tokens of the batch, sequences concatenated (boundaries in cu_seqlens).
+
+Module and parameter names are those of HuggingFace's BertForPreTraining (so state dicts map
+one-to-one, bertperf.model.hf); the weights of query, key and value stay separate parameters (the
+LAMB trust ratio is per parameter, as in the TF reference) and are applied as one GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertperf.kernels import bias_gelu, dropout_add_layer_norm, varlen_attention
+from bertperf.model.bert_config import BertConfig
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + segment embeddings, LayerNorm, dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor:
+        h = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+             + self.token_type_embeddings(segment_ids))
+        return self.dropout(self.LayerNorm(h))
+
+
+class BertSelfAttention(nn.Module):
+    """Q, K, V projections and variable-length attention; returns the heads' context [T, hidden]."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.dropout_prob = config.attention_probs_dropout_prob
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        qkv = F.linear(x, weight, bias).view(x.shape[0], 3, self.num_heads, -1)
+        p = self.dropout_prob if self.training else 0.0
+        ctx = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_seqlen, p)
+        return ctx.reshape(x.shape)
+
+
+class BertSelfOutput(nn.Module):
+    """Output projection, dropout, residual add, LayerNorm; also BERT's BertOutput (the FFN's
+    second GEMM), which differs only in the input width."""
+
+    def __init__(self, config: BertConfig, in_features: int):
+        super().__init__()
+        self.dropout_prob = config.hidden_dropout_prob
+        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        p = self.dropout_prob if self.training else 0.0
+        return dropout_add_layer_norm(self.dense(h), residual, self.LayerNorm.weight,
+                                      self.LayerNorm.bias, p, self.LayerNorm.eps)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config, config.hidden_size)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        return self.output(self.self(x, cu_seqlens, max_seqlen), x)
+
+
+class BertIntermediate(nn.Module):
+    """The FFN's first GEMM with bias-GeLU."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bias_gelu(F.linear(x, self.dense.weight), self.dense.bias)
+
+
+class BertLayer(nn.Module):
+    """One post-LN transformer layer."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertSelfOutput(config, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        x = self.attention(x, cu_seqlens, max_seqlen)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, cu_seqlens, max_seqlen)
+        return x
+
+
+class BertPooler(nn.Module):
+    """dense + tanh on each sequence's first token ([CLS]), the NSP head's input."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x.index_select(0, cu_seqlens[:-1])))
+
+
+class BertPredictionHeadTransform(nn.Module):
+    """The MLM head before the decoder: dense, GeLU, LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(bias_gelu(F.linear(x, self.dense.weight), self.dense.bias))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Transform, then the decoder: the word-embedding matrix (tied, passed in) plus `bias`.
+    Returns logits over the real vocabulary only (the padding columns are sliced off)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.transform = BertPredictionHeadTransform(config)
+        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+
+    def forward(self, x: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(self.transform(x), word_embeddings, self.bias)
+        return logits[:, :self.vocab_size]
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)

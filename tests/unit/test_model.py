@@ -1,0 +1,326 @@
+"""bertperf.model: the unpadded BERT against its padded reference (same loss and gradients in
+float64), packing invariance, dropout, vocabulary padding, HuggingFace parity, BERT-large size."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertperf.data.samples import Samples, offsets_from_lengths
+from bertperf.errors import UserError
+from bertperf.model import (BertConfig, BertForPreTraining, PaddedBatch, PaddedBertForPreTraining,
+                            UnpaddedBatch, from_hf_state_dict, pad, tf_name, tf_transposed,
+                            to_hf_state_dict, unpack_rows, unpad)
+
+MLPERF_BERT_CONFIG = {  # the MLPerf checkpoint's bert_config.json
+    "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 4096,
+    "max_position_embeddings": 512, "num_attention_heads": 16, "num_hidden_layers": 24,
+    "type_vocab_size": 2, "vocab_size": 30522,
+}
+TINY = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=48, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                  max_position_embeddings=512, initializer_range=0.2)
+MAX_PRED = 76
+
+
+def samples(lengths: list[int], seed: int = 0, vocab: int = TINY.vocab_size) -> Samples:
+    """Random sequences [CLS] A [SEP] B [SEP] of the given lengths (>= 3), ~15% masked."""
+    rng = np.random.default_rng(seed)
+    ids, b_starts, positions, labels, counts = [], [], [], [], []
+    for n in lengths:
+        seq = rng.integers(5, vocab, n)
+        b = int(rng.integers(2, n)) if n > 3 else n  # B starts after A's [SEP]
+        seq[0], seq[b - 1], seq[-1] = 1, 2, 2
+        m = max(1, min(MAX_PRED, round(0.15 * n)))
+        pos = np.sort(rng.choice(np.arange(1, n), size=min(m, n - 1), replace=False))
+        ids.append(seq)
+        b_starts.append(b)
+        positions.append(pos)
+        labels.append(rng.integers(5, vocab, len(pos)))
+        counts.append(len(pos))
+    return Samples(np.concatenate(ids), offsets_from_lengths(np.array(lengths)),
+                   np.array(b_starts), np.concatenate(positions), np.concatenate(labels),
+                   offsets_from_lengths(np.array(counts)), rng.integers(0, 2, len(lengths)))
+
+
+def padded_batch(lengths: list[int], seed: int = 0) -> PaddedBatch:
+    return PaddedBatch.from_arrays(samples(lengths, seed).to_padded(max(lengths), MAX_PRED))
+
+
+def models(config: BertConfig = TINY, seed: int = 0):
+    torch.manual_seed(seed)
+    model = BertForPreTraining(config).double()
+    ref = PaddedBertForPreTraining(config).double()
+    ref.load_state_dict(model.state_dict())
+    return model, ref
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def assert_same_batch(got: UnpaddedBatch, expected: UnpaddedBatch) -> None:
+    for name, value in got.inputs().items():
+        want = getattr(expected, name)
+        assert (value == want) if name == "max_seqlen" else torch.equal(value, want), name
+
+
+# ---- config and size ---------------------------------------------------------------------------
+
+def test_config_from_mlperf_json(tmp_path):
+    path = tmp_path / "bert_config.json"
+    path.write_text(json.dumps(MLPERF_BERT_CONFIG))
+    config = BertConfig.from_json(path)
+    assert config == BertConfig.large()
+    assert (config.padded_vocab_size, config.head_size, config.layer_norm_eps) == (30528, 64, 1e-12)
+    path.write_text(json.dumps({**MLPERF_BERT_CONFIG, "num_labels": 2}))
+    with pytest.raises(UserError, match="num_labels"):
+        BertConfig.from_json(path)
+    path.write_text(json.dumps({**MLPERF_BERT_CONFIG, "hidden_act": "relu"}))
+    with pytest.raises(UserError, match="relu"):
+        BertConfig.from_json(path)
+
+
+def test_bert_large_parameter_count_and_tf_names():
+    c = BertConfig.large()
+    with torch.device("meta"):
+        model = BertForPreTraining(c)
+    h, i, v = c.hidden_size, c.intermediate_size, c.padded_vocab_size
+    layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h
+    expected = ((v + c.max_position_embeddings + c.type_vocab_size) * h + 2 * h  # embeddings
+                + c.num_hidden_layers * layer + (h * h + h)  # encoder, pooler
+                + (h * h + h) + 2 * h + v + (2 * h + 2))  # MLM transform, bias; NSP
+    assert sum(p.numel() for p in model.parameters()) == expected == 336_232_258
+    names = [n for n, _ in model.named_parameters()]
+    tf = {tf_name(n) for n in names}
+    assert len(tf) == len(names) == 398  # the MLPerf checkpoint's 398 weights_initialization names
+    assert tf_name("bert.encoder.layer.23.attention.self.query.weight") == \
+        "bert/encoder/layer_23/attention/self/query/kernel"
+    assert tf_name("bert.encoder.layer.0.output.LayerNorm.weight") == \
+        "bert/encoder/layer_0/output/LayerNorm/gamma"
+    assert {"bert/embeddings/word_embeddings", "bert/embeddings/LayerNorm/beta",
+            "bert/pooler/dense/bias", "cls/predictions/output_bias",
+            "cls/predictions/transform/dense/kernel", "cls/seq_relationship/output_weights",
+            "cls/seq_relationship/output_bias"} <= tf
+    assert tf_transposed("bert.pooler.dense.weight")
+    assert not tf_transposed("cls.seq_relationship.weight")
+    assert not tf_transposed("bert.embeddings.word_embeddings.weight")
+
+
+# ---- batches -----------------------------------------------------------------------------------
+
+def test_unpad_and_pad_are_inverse():
+    s = samples([9, 3, 17, 4], seed=1)
+    padded = PaddedBatch.from_arrays(s.to_padded(20, MAX_PRED))
+    u = unpad(padded)
+    assert torch.equal(u.input_ids, torch.as_tensor(s.input_ids).long())
+    assert u.cu_seqlens.tolist() == s.offsets.tolist() and u.max_seqlen == 17
+    assert u.position_ids.tolist() == [p for n in s.lengths for p in range(n)]
+    assert u.segment_ids.tolist() == [int(p >= b) for n, b in zip(s.lengths, s.b_starts)
+                                      for p in range(n)]
+    flat = s.mlm_positions + np.repeat(s.offsets[:-1], s.mlm_counts)
+    assert u.masked_lm_positions.tolist() == flat.tolist()
+    back = pad(u, 20, MAX_PRED)
+    for name, value in back.inputs().items():
+        assert torch.equal(value, getattr(padded, name)), name
+
+
+def test_unpadded_batch_from_varlen_arrays():
+    u = unpad(padded_batch([5, 8]))
+    arrays = {k: (v.numpy().astype(np.int32) if isinstance(v, torch.Tensor) else np.int32(v))
+              for k, v in u.inputs().items()}
+    arrays["cu_masked"] = np.array([0, 1, 2])  # extra keys are ignored
+    again = UnpaddedBatch.from_arrays(arrays)
+    assert_same_batch(again, u)
+    assert again.input_ids.dtype == torch.int64 and again.cu_seqlens.dtype == torch.int32
+
+
+def test_batches_from_the_data_side():
+    """collate_varlen and Packed.batch output convert to the same UnpaddedBatch as the padded
+    arrays of the same samples."""
+    loader = pytest.importorskip("bertperf.data.loader")
+    packed = pytest.importorskip("bertperf.data.packed")
+    s = samples([30, 7, 12, 5, 40], seed=2)
+    expected = unpad(PaddedBatch.from_arrays(s.to_padded(40, MAX_PRED)))
+    rows = packed.Packed.from_samples(s, np.arange(5), np.array([3, 2]))
+    for got in (UnpaddedBatch.from_arrays(loader.to_torch(loader.collate_varlen(s))),
+                unpack_rows(rows.batch(max_seq_length=64, max_pred=MAX_PRED))):
+        assert_same_batch(got, expected)
+
+
+# ---- unpadded model == padded reference (float64) ------------------------------------------------
+
+@pytest.mark.parametrize("lengths", [[512, 512], [3, 4, 5, 3, 5], [512, 7, 200, 3, 64, 129]],
+                         ids=["all-512", "all-tiny", "mixed"])
+def test_unpadded_matches_padded_reference(lengths):
+    model, ref = models()
+    model.train()
+    ref.train()  # dropout probabilities are 0: train mode is deterministic
+    padded = padded_batch(lengths, seed=len(lengths))
+    out = model(**unpad(padded).inputs())
+    expected = ref(**padded.inputs())
+    for name in ("mlm_logits", "nsp_logits", "mlm_loss", "nsp_loss", "loss"):
+        torch.testing.assert_close(getattr(out, name), getattr(expected, name),
+                                   rtol=1e-10, atol=1e-12, msg=name)
+    assert out.mlm_logits.shape == (sum(padded.masked_lm_positions.ne(0).sum(1)), TINY.vocab_size)
+    out.loss.backward()
+    expected.loss.backward()
+    g, g_ref = grads(model), grads(ref)
+    assert g.keys() == g_ref.keys()
+    for name in g:  # atol: key biases have an exactly-zero gradient (softmax shift invariance)
+        torch.testing.assert_close(g[name], g_ref[name], rtol=1e-10, atol=1e-13, msg=name)
+    assert g["bert.encoder.layer.0.attention.self.key.weight"].abs().max() > 0
+
+
+def test_sequences_are_independent_of_their_grouping():
+    """Packing is only a grouping: each sequence gets the same outputs in any batch."""
+    model, _ = models()
+    model.eval()
+    lengths = [7, 30, 4, 12, 25, 9]
+    padded = padded_batch(lengths, seed=3)
+    out = model(**unpad(padded).inputs())
+    m_cu = F.pad(padded.masked_lm_positions.ne(0).sum(1).cumsum(0), (1, 0)).tolist()
+    for i in range(len(lengths)):
+        one = PaddedBatch(**{k: v[i:i + 1] for k, v in padded.inputs().items()})
+        alone = model(**unpad(one).inputs())
+        torch.testing.assert_close(alone.mlm_logits, out.mlm_logits[m_cu[i]:m_cu[i + 1]],
+                                   rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(alone.nsp_logits, out.nsp_logits[i:i + 1],
+                                   rtol=1e-12, atol=1e-13)
+
+
+def packed_rows(batch: UnpaddedBatch, rows: list[list[int]], row_len: int,
+                max_seqs: int = 3) -> dict[str, np.ndarray]:
+    """Packed.batch-style arrays: the sequences of each row, in order, one after another."""
+    cu = batch.cu_seqlens.tolist()
+    arrays = {k: np.zeros((len(rows), row_len), dtype=np.int64)
+              for k in ("input_ids", "input_mask", "segment_ids", "position_ids")}
+    arrays["seq_lengths"] = np.zeros((len(rows), max_seqs), dtype=np.int32)
+    arrays["next_sentence_labels"] = np.full((len(rows), max_seqs), -1)
+    arrays["masked_lm_positions"] = np.zeros((len(rows), max_seqs * MAX_PRED), dtype=np.int64)
+    arrays["masked_lm_ids"] = np.zeros_like(arrays["masked_lm_positions"])
+    mpos, mids = batch.masked_lm_positions.tolist(), batch.masked_lm_ids.tolist()
+    for r, seqs in enumerate(rows):
+        col = m = 0
+        for k, s in enumerate(seqs):
+            a, b = cu[s], cu[s + 1]
+            for name, src in (("input_ids", batch.input_ids), ("segment_ids", batch.segment_ids),
+                              ("position_ids", batch.position_ids)):
+                arrays[name][r, col:col + b - a] = src[a:b].numpy()
+            arrays["input_mask"][r, col:col + b - a] = 1
+            arrays["seq_lengths"][r, k] = b - a
+            arrays["next_sentence_labels"][r, k] = int(batch.next_sentence_labels[s])
+            for p, label in zip(mpos, mids):
+                if a <= p < b:
+                    arrays["masked_lm_positions"][r, m] = col + p - a
+                    arrays["masked_lm_ids"][r, m] = label
+                    m += 1
+            col += b - a
+    return arrays
+
+
+def test_packed_rows_unpack_to_their_sequences():
+    model, _ = models()
+    model.eval()
+    whole = unpad(padded_batch([7, 30, 4, 12, 25, 9], seed=4))
+    rows = packed_rows(whole, [[0, 1, 2], [3], [4, 5]], row_len=48)
+    unpacked = unpack_rows(rows)
+    assert_same_batch(unpacked, whole)
+    a, b = model(**whole.inputs()), model(**unpacked.inputs())
+    assert torch.equal(a.mlm_logits, b.mlm_logits) and torch.equal(a.nsp_logits, b.nsp_logits)
+
+
+# ---- dropout, vocabulary padding -----------------------------------------------------------------
+
+def test_dropout():
+    config = dataclasses.replace(TINY, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    model = BertForPreTraining(config).double()
+    batch = unpad(padded_batch([20, 9, 33], seed=5))
+    model.eval()
+    eval_loss = model(**batch.inputs()).loss
+    assert torch.equal(eval_loss, model(**batch.inputs()).loss)
+    model.train()
+    torch.manual_seed(1)
+    a = model(**batch.inputs()).loss
+    torch.manual_seed(1)
+    assert torch.equal(a, model(**batch.inputs()).loss)
+    assert not torch.allclose(a, eval_loss)
+    model_no_dropout, _ = models()
+    model_no_dropout.train()
+    train = model_no_dropout(**batch.inputs()).loss
+    model_no_dropout.eval()
+    assert torch.equal(train, model_no_dropout(**batch.inputs()).loss)
+
+
+def test_vocabulary_padding_never_matters():
+    assert TINY.padded_vocab_size == 104
+    model, _ = models()
+    batch = unpad(padded_batch([20, 9, 33], seed=6))
+    out = model(**batch.inputs())
+    assert out.mlm_logits.shape[1] == TINY.vocab_size
+    out.loss.backward()
+    word = model.bert.embeddings.word_embeddings.weight
+    assert not word.grad[TINY.vocab_size:].any()
+    assert not model.cls.predictions.bias.grad[TINY.vocab_size:].any()
+    with torch.no_grad():
+        word[TINY.vocab_size:] = 1e3
+        model.cls.predictions.bias[TINY.vocab_size:] = 1e3
+    again = model(**batch.inputs())
+    assert torch.equal(again.loss, out.loss) and torch.equal(again.mlm_logits, out.mlm_logits)
+
+
+# ---- HuggingFace parity --------------------------------------------------------------------------
+
+def hf_model(config: BertConfig):
+    transformers = pytest.importorskip("transformers")
+    hf_config = transformers.BertConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size, hidden_act=config.hidden_act,
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size, layer_norm_eps=config.layer_norm_eps,
+        attn_implementation="eager")
+    return transformers.BertForPreTraining(hf_config).double().eval()
+
+
+def test_huggingface_bert_gives_the_same_logits():
+    model, _ = models()
+    model.eval()
+    hf = hf_model(TINY)
+    hf.load_state_dict(to_hf_state_dict(model.state_dict(), TINY), strict=True)
+    padded = padded_batch([40, 5, 17], seed=7)
+    out = model(**unpad(padded).inputs())
+    with torch.no_grad():
+        hf_out = hf(input_ids=padded.input_ids, attention_mask=padded.input_mask,
+                    token_type_ids=padded.segment_ids)
+    real = padded.masked_lm_positions != 0
+    rows = torch.arange(3)[:, None].expand_as(real)
+    hf_mlm = hf_out.prediction_logits[rows[real], padded.masked_lm_positions[real]]
+    torch.testing.assert_close(out.mlm_logits, hf_mlm, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.nsp_logits, hf_out.seq_relationship_logits,
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_huggingface_state_dict_round_trip():
+    hf = hf_model(TINY)
+    ours = from_hf_state_dict(hf.state_dict(), TINY)
+    model = BertForPreTraining(TINY).double()
+    model.load_state_dict(ours, strict=True)
+    word = model.bert.embeddings.word_embeddings.weight
+    assert word.shape[0] == 104 and not word[99:].any()
+    back = to_hf_state_dict(model.state_dict(), TINY)
+    hf_sd = hf.state_dict()
+    assert back.keys() == hf_sd.keys()
+    assert all(torch.equal(back[k], hf_sd[k]) for k in hf_sd)
+    untied = dict(hf_sd)
+    untied["cls.predictions.decoder.weight"] = untied["cls.predictions.decoder.weight"] + 1
+    with pytest.raises(UserError, match="tied"):
+        from_hf_state_dict(untied, TINY)
