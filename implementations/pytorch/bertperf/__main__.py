@@ -11,11 +11,13 @@ from bertperf.errors import UserError
 def build_parser() -> argparse.ArgumentParser:
     from bertperf.bench.cli import add_bench_parser
     from bertperf.prep.cli import add_prep_parser
+    from bertperf.train.cli import add_train_parser
 
     parser = argparse.ArgumentParser(prog="python -m bertperf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_prep_parser(sub)
     add_bench_parser(sub)
+    add_train_parser(sub)
     return parser
 
 

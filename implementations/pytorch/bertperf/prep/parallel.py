@@ -16,10 +16,8 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
+from bertperf.config import mpi_world_size
 from bertperf.errors import UserError
-
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 @dataclass
@@ -33,7 +31,7 @@ class World:
     """This process's place among MPI ranks (rank 0 of 1 when not launched by mpirun)."""
 
     def __init__(self) -> None:
-        size = next((int(os.environ[v]) for v in _SIZE_VARS if v in os.environ), 1)
+        size = mpi_world_size()
         self.comm = None
         self.rank, self.size = 0, 1
         if size > 1:

@@ -1,0 +1,273 @@
+"""The trainer's configuration: typed dataclasses, filled from environment variables (the names of
+NVIDIA's `run_and_time.sh` where it has one) and then from command-line flags.
+
+This is the only module of bertperf that reads environment variables. Every tunable field carries
+its variable's name in `metadata["env"]`; its flag is the field name with dashes
+(`batch_size` -> `--batch-size`). Defaults are run_and_time.sh's; BATCHSIZE, LR and MAX_STEPS have
+none there and are required here too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from bertperf.errors import UserError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def process_environment() -> Mapping[str, str]:
+    """The process's environment variables (every reader in bertperf goes through this module)."""
+    return os.environ
+
+
+def mpi_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """Ranks started by mpirun (OpenMPI or a PMI launcher), 1 when not under MPI. Used by the
+    data-preparation stages, which spread files over ranks with mpi4py."""
+    environ = os.environ if environ is None else environ
+    for var in _MPI_SIZE_VARS:
+        if var in environ:
+            return _parse(environ, var, int)
+    return 1
+
+
+def vocab_override(environ: Mapping[str, str] | None = None) -> str | None:
+    """$BERTPERF_VOCAB: a vocab file to use instead of the one found beside the checkout."""
+    environ = os.environ if environ is None else environ
+    return environ.get("BERTPERF_VOCAB") or None
+MODEL_SIZES = ("large", "tiny")
+
+
+def _var(env: str, conv: Callable[[str], Any], default: Any = None) -> Any:
+    return field(default=default, metadata={"env": env, "conv": conv})
+
+
+def reference_eval_interval(global_batch_size: int) -> int:
+    """MLPerf's eval cadence: floor(0.05 * (230.23 * GBS + 3e6) / 25000) * 25000 samples."""
+    return int(math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    bert_config: str = _var("BERT_CONFIG", str, "large")
+    """"large" (the MLPerf checkpoint's sizes), "tiny" (2 layers of 128, for tests) or the path
+    of a bert_config.json."""
+
+    def build(self):
+        """The BertConfig this names."""
+        from bertperf.model import BertConfig
+        if self.bert_config == "large":
+            return BertConfig.large()
+        if self.bert_config == "tiny":
+            return BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2,
+                              num_attention_heads=2, intermediate_size=512)
+        return BertConfig.from_json(self.bert_config)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_dir: Path | None = _var("DATADIR_PHASE2", Path)
+    """Folder of unpadded training shards (`prep unpad` output)."""
+    eval_file: Path | None = _var("EVAL_FILE", Path)
+    """The padded eval HDF5 file (`eval_10k.hdf5`); every sample of it is evaluated."""
+    prefetch: int = _var("PREFETCH", int, 2)
+    """Training batches built ahead on the loader's thread (0 = none)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float | None = _var("LR", float)
+    """Base learning rate of LAMB (required)."""
+    max_steps: int | None = _var("MAX_STEPS", int)
+    """Optimizer steps of the LR schedule; the run aborts after this many (required)."""
+    warmup_steps: float = _var("WARMUP_STEPS", float, 0.0)
+    """Linear warm-up steps; 0 means int(MAX_STEPS * WARMUP_PROPORTION) from step 0."""
+    warmup_proportion: float = _var("WARMUP_PROPORTION", float, 0.0)
+    """Warm-up as a fraction of MAX_STEPS, used only when WARMUP_STEPS is 0."""
+    start_warmup_step: float = _var("START_WARMUP_STEP", float, 0.0)
+    """Step at which warm-up starts (NVIDIA's offset semantics; usually <= 0)."""
+    beta1: float = _var("OPT_LAMB_BETA_1", float, 0.9)
+    """LAMB's first-moment decay."""
+    beta2: float = _var("OPT_LAMB_BETA_2", float, 0.999)
+    """LAMB's second-moment decay."""
+    weight_decay: float = _var("WEIGHT_DECAY_RATE", float, 0.01)
+    """Decoupled weight decay of the decayed group (not biases and LayerNorm)."""
+    epsilon: float = _var("EPSILON", float, 1e-6)
+    """LAMB's epsilon."""
+    max_grad_norm: float = _var("MAX_GRAD_NORM", float, 1.0)
+    """Global gradient-norm clip before each step (0 = no clipping)."""
+    init_loss_scale: float = _var("INIT_LOSS_SCALE", float, 2.0 ** 20)
+    """fp16 only: the dynamic loss scale's initial value."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int | None = _var("BATCHSIZE", int)
+    """Sequences per micro-batch per rank (required)."""
+    gradient_steps: int = _var("GRADIENT_STEPS", int, 1)
+    """Micro-batches accumulated into one optimizer step."""
+    eval_batch_size: int = _var("EVAL_BATCHSIZE", int, 128)
+    """Sequences per eval batch per rank."""
+    eval_iter_start_samples: int | None = _var("EVAL_ITER_START_SAMPLES", int)
+    """Samples trained before the first eval; default EVAL_ITER_SAMPLES."""
+    eval_iter_samples: int | None = _var("EVAL_ITER_SAMPLES", int)
+    """Samples between evals; default MLPerf's formula of the global batch
+    (reference_eval_interval)."""
+    max_samples_termination: int = _var("MAX_SAMPLES_TERMINATION", int, 14_000_000)
+    """The run aborts once this many samples are trained without reaching the target."""
+    target_accuracy: float = _var("TARGET_MLM_ACCURACY", float, 0.720)
+    """Masked-LM accuracy at which the run stops with status success."""
+    seed: int = _var("SEED", int, 0)
+    """Seed of model init, dropout and data order."""
+    precision: str = _var("PRECISION", str, "fp32")
+    """fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling; CUDA only)."""
+    device: str = _var("DEVICE", str, "auto")
+    """cuda, cpu or auto (cuda:LOCAL_RANK when CUDA is available)."""
+    log_every: int = _var("LOG_FREQ", int, 10)
+    """Progress line every this many optimizer steps (0 = none)."""
+    output_dir: Path = _var("LOGDIR", Path, Path("results"))
+    """Folder for the MLPerf log."""
+    log_file: Path | None = _var("MLLOG_FILE", Path)
+    """The MLPerf log; default output_dir/result_0.txt."""
+    submission_org: str = _var("SUBMISSION_ORG", str, "bertperf")
+    """submission_org of the MLPerf log."""
+    submission_platform: str = _var("SUBMISSION_PLATFORM", str, "unknown")
+    """submission_platform of the MLPerf log."""
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    """Where this process sits in the job: from torchrun (RANK/WORLD_SIZE/LOCAL_RANK), Slurm
+    (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID) or OpenMPI (OMPI_COMM_WORLD_*), in that order."""
+
+    rank: int = 0
+    """Global rank of this process."""
+    world_size: int = 1
+    """Number of processes."""
+    local_rank: int = 0
+    """Rank on this node (picks the GPU)."""
+    master_addr: str = "127.0.0.1"
+    """MASTER_ADDR: host of rank 0's rendezvous store."""
+    master_port: int = 29500
+    """MASTER_PORT: its port."""
+    timeout_s: float = 1800.0
+    """DIST_TIMEOUT: seconds a collective may wait before the job fails."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> DistConfig:
+        for rank, size, local in (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+                                  ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+                                  ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK")):
+            if rank in environ and size in environ:
+                got = {"rank": _parse(environ, rank, int), "world_size": _parse(environ, size, int),
+                       "local_rank": _parse(environ, local, int) if local in environ else 0}
+                break
+        else:
+            got = {}
+        got["master_addr"] = environ.get("MASTER_ADDR", cls.master_addr)
+        if "MASTER_PORT" in environ:
+            got["master_port"] = _parse(environ, "MASTER_PORT", int)
+        if "DIST_TIMEOUT" in environ:
+            got["timeout_s"] = _parse(environ, "DIST_TIMEOUT", float)
+        out = cls(**got)
+        if not 0 <= out.rank < out.world_size:
+            raise UserError(f"rank {out.rank} outside 0..{out.world_size - 1} (from the launcher's "
+                            "environment)")
+        return out
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Which BERT."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Where the samples are."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """LAMB and its schedule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Batching, evaluation, stopping, logging."""
+    dist: DistConfig = field(default_factory=DistConfig)
+    """This process's place in the job."""
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.train.batch_size * self.train.gradient_steps * self.dist.world_size
+
+    @property
+    def eval_interval(self) -> int:
+        return self.train.eval_iter_samples or reference_eval_interval(self.global_batch_size)
+
+    @property
+    def first_eval(self) -> int:
+        return self.train.eval_iter_start_samples or self.eval_interval
+
+    @property
+    def log_path(self) -> Path:
+        return self.train.log_file or self.train.output_dir / "result_0.txt"
+
+
+SECTIONS = ("model", "data", "optim", "train")
+
+
+def tunables() -> Iterator[tuple[str, Any]]:
+    """(section name, dataclass field) of every field set by a variable and a flag."""
+    for name in SECTIONS:
+        for f in fields(RunConfig.__dataclass_fields__[name].default_factory):
+            yield name, f
+
+
+def _parse(environ: Mapping[str, str], key: str, conv: Callable[[str], Any]) -> Any:
+    try:
+        return conv(environ[key])
+    except ValueError:
+        raise UserError(f"{key}={environ[key]!r} is not a valid {conv.__name__}") from None
+
+
+def load(environ: Mapping[str, str], flags: Mapping[str, str] | None = None) -> RunConfig:
+    """The configuration from `environ`, overridden by `flags` ({"section.field": text}), checked."""
+    flags = flags or {}
+    sections = {}
+    for name in SECTIONS:
+        values = {}
+        for section, f in tunables():
+            if section != name:
+                continue
+            env, conv = f.metadata["env"], f.metadata["conv"]
+            source = {env: flags[f"{name}.{f.name}"]} if f"{name}.{f.name}" in flags else environ
+            if env in source and source[env] != "":
+                values[f.name] = _parse(source, env, conv)
+        sections[name] = replace(RunConfig.__dataclass_fields__[name].default_factory(), **values)
+    cfg = RunConfig(**sections, dist=DistConfig.from_env(environ))
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """One-line UserErrors for what would fail later (or silently do the wrong thing)."""
+    for key, value in (("BATCHSIZE", cfg.train.batch_size), ("LR", cfg.optim.lr),
+                       ("MAX_STEPS", cfg.optim.max_steps)):
+        if value is None:
+            raise UserError(f"{key} is required (environment variable or flag)")
+    for key, value in (("BATCHSIZE", cfg.train.batch_size), ("GRADIENT_STEPS", cfg.train.gradient_steps),
+                       ("MAX_STEPS", cfg.optim.max_steps), ("EVAL_BATCHSIZE", cfg.train.eval_batch_size)):
+        if value < 1:
+            raise UserError(f"{key} must be at least 1, got {value}")
+    if cfg.data.train_dir is None or not cfg.data.train_dir.is_dir():
+        raise UserError(f"training data folder {cfg.data.train_dir} (DATADIR_PHASE2 / --train-dir)"
+                        " does not exist")
+    if cfg.data.eval_file is None or not cfg.data.eval_file.is_file():
+        raise UserError(f"eval file {cfg.data.eval_file} (EVAL_FILE / --eval-file) does not exist")
+    if cfg.train.precision not in PRECISIONS:
+        raise UserError(f"PRECISION must be one of {', '.join(PRECISIONS)}, "
+                        f"not {cfg.train.precision!r}")
+    if not 0.0 < cfg.train.target_accuracy <= 1.0:
+        raise UserError(f"TARGET_MLM_ACCURACY must be in (0, 1], got {cfg.train.target_accuracy}")
+    if cfg.model.bert_config not in MODEL_SIZES and not Path(cfg.model.bert_config).is_file():
+        raise UserError(f"BERT_CONFIG {cfg.model.bert_config!r} is neither "
+                        f"{' nor '.join(MODEL_SIZES)} nor an existing file")

@@ -1,0 +1,220 @@
+"""The trainer: accumulation, eval accuracy, schedule and MLPerf-log wiring, config (tiny model, CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertperf.data.samples import Samples, offsets_from_lengths
+from bertperf.data.shards import write_shard
+from bertperf.prep.hdf5io import write_samples
+
+VOCAB, MSL, MAX_PRED = 32, 16, 4
+CLS, SEP, MASK = 1, 2, 3
+
+
+def copy_task(n: int, seed: int) -> Samples:
+    """n learnable samples: every token of a sequence is one word t in 4..31, MAX_PRED of them
+    masked ([MASK] input, label t), so the model can read the answer off the other tokens."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(10, MSL + 1, n)
+    offsets = offsets_from_lengths(lengths)
+    words = rng.integers(4, VOCAB, n)
+    ids = np.repeat(words, lengths)
+    ids[offsets[:-1]] = CLS
+    ids[offsets[1:] - 1] = SEP
+    b_starts = lengths // 2
+    ids[offsets[:-1] + b_starts - 1] = SEP
+    # two masks in segment A (positions 1..3), two in B (from b_start on): never a [SEP]
+    positions = np.concatenate([np.stack([np.sort(rng.choice(np.arange(1, 4), 2, replace=False)),
+                                          b + np.sort(rng.choice(3, 2, replace=False))])
+                                for b in b_starts]).reshape(-1)
+    mlm_ids = np.repeat(words, MAX_PRED)
+    ids[np.repeat(offsets[:-1], MAX_PRED) + positions] = MASK
+    return Samples(ids, offsets, b_starts, positions, mlm_ids,
+                   offsets_from_lengths(np.full(n, MAX_PRED)), rng.integers(0, 2, n))
+
+
+def tiny_bert_config(path: Path, dropout: float = 0.0) -> Path:
+    path.write_text(json.dumps({"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+                                "num_attention_heads": 2, "intermediate_size": 64,
+                                "max_position_embeddings": MSL, "hidden_dropout_prob": dropout,
+                                "attention_probs_dropout_prob": dropout}))
+    return path
+
+
+def make_dataset(root: Path, n_train: int = 512, n_eval: int = 64, shards: int = 2) -> dict:
+    """Unpadded training shards, a padded eval file and a bert_config.json under root."""
+    train = root / "train"
+    train.mkdir(parents=True)
+    s = copy_task(n_train, seed=1)
+    per = n_train // shards
+    for i in range(shards):
+        write_shard(train / f"part_{i}.h5", s.take(np.arange(i * per, (i + 1) * per)), MSL, MAX_PRED)
+    ev = copy_task(n_eval, seed=2)
+    write_samples(root / "eval.hdf5", ev, np.arange(n_eval), MSL, MAX_PRED, VOCAB)
+    return {"DATADIR_PHASE2": str(train), "EVAL_FILE": str(root / "eval.hdf5"),
+            "BERT_CONFIG": str(tiny_bert_config(root / "bert_config.json"))}
+
+
+def env_for(tmp_path: Path, **extra: str) -> dict:
+    return {**make_dataset(tmp_path / "data"), "BATCHSIZE": "4", "LR": "0.01", "MAX_STEPS": "50",
+            "LOGDIR": str(tmp_path / "out"), **extra}
+
+
+# ---- config ------------------------------------------------------------------------------------
+
+def test_config_env_then_flags(tmp_path):
+    from bertperf.config import load
+    cfg = load(env_for(tmp_path, GRADIENT_STEPS="2", OPT_LAMB_BETA_1="0.6"),
+               {"train.batch_size": "8", "optim.lr": "0.5"})
+    assert (cfg.train.batch_size, cfg.train.gradient_steps, cfg.optim.lr, cfg.optim.beta1) == \
+        (8, 2, 0.5, 0.6)
+    assert cfg.optim.beta2 == 0.999 and cfg.optim.weight_decay == 0.01  # run_and_time defaults
+    assert cfg.train.max_samples_termination == 14_000_000 and cfg.train.target_accuracy == 0.72
+    assert cfg.global_batch_size == 16
+    assert cfg.first_eval == cfg.eval_interval == 150_000
+
+
+def test_reference_eval_interval():
+    from bertperf.config import reference_eval_interval
+    assert [reference_eval_interval(g) for g in (256, 448, 3072, 4608, 8192, 13888)] == \
+        [150_000, 150_000, 175_000, 200_000, 225_000, 300_000]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"BATCHSIZE": ""}, "BATCHSIZE is required"),
+    ({"EVAL_FILE": "/nonexistent/eval.hdf5"}, "/nonexistent/eval.hdf5"),
+    ({"PRECISION": "fp8"}, "PRECISION must be one of"),
+    ({"GRADIENT_STEPS": "x"}, "GRADIENT_STEPS='x' is not a valid int"),
+])
+def test_config_errors_are_one_line(tmp_path, change, message):
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    with pytest.raises(UserError, match=message) as err:
+        load(env_for(tmp_path, **change))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, (0, 1, 0)),
+    ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}, (3, 4, 1)),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "5"}, (5, 8, 5)),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+      "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, (1, 2, 0)),
+])
+def test_dist_config_from_launchers(env, expected):
+    from bertperf.config import DistConfig
+    d = DistConfig.from_env({**env, "MASTER_PORT": "1234"})
+    assert (d.rank, d.world_size, d.local_rank, d.master_port) == (*expected, 1234)
+
+
+# ---- the step ----------------------------------------------------------------------------------
+
+def trainer_for_step(ga: int, seed: int = 0):
+    """A Trainer with only what train_step uses: float64 tiny model, LAMB, schedule."""
+    from dataclasses import replace
+
+    from bertperf.config import RunConfig, TrainConfig
+    from bertperf.model import BertConfig, BertForPreTraining
+    from bertperf.optim import LinearWarmupPolyDecay, make_optimizer, param_groups
+    from bertperf.train.dist import Dist
+    from bertperf.train.loop import Trainer
+    torch.manual_seed(seed)
+    model = BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, intermediate_size=64,
+                                          max_position_embeddings=MSL, hidden_dropout_prob=0.0,
+                                          attention_probs_dropout_prob=0.0)).double()
+    opt = make_optimizer("lamb", param_groups(model, 0.01), lr=0.01)
+    cfg = replace(RunConfig(), train=TrainConfig(batch_size=16 // ga, gradient_steps=ga))
+    return Trainer(cfg, Dist(0, 1), torch.device("cpu"), model, model, opt,
+                   LinearWarmupPolyDecay(opt, 0, 10), None, None, None, None)
+
+
+def batches_of(samples: Samples, size: int):
+    from bertperf.data.loader import collate_varlen
+    from bertperf.model import UnpaddedBatch
+    for start in range(0, len(samples), size):
+        yield UnpaddedBatch.from_arrays(collate_varlen(samples.take(np.arange(start, start + size)))
+                                        ).inputs()
+
+
+def test_accumulation_equals_one_big_batch():
+    """4 micro-batches of 4 == one batch of 16 (every sample has 4 masks, so the per-micro-batch
+    mean losses average to the big batch's mean): same parameters after two steps, float64."""
+    from bertperf.train.loop import train_step
+    data = copy_task(32, seed=3)
+    big, acc = trainer_for_step(1), trainer_for_step(4)
+    for t, size in ((big, 16), (acc, 4)):
+        it = batches_of(data, size)
+        losses = [float(train_step(t, it)[0]) for _ in range(2)]
+        t.losses = losses
+    assert np.allclose(big.losses, acc.losses, rtol=1e-12)
+    for (name, p), q in zip(big.core.named_parameters(), acc.core.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
+    assert big.scheduler.last_epoch == 2
+
+
+# ---- eval --------------------------------------------------------------------------------------
+
+class ConstantPredictor(torch.nn.Module):
+    """Predicts token `word` at every masked position."""
+
+    def __init__(self, word: int):
+        super().__init__()
+        self.word = word
+
+    def forward(self, masked_lm_positions, **_):
+        from types import SimpleNamespace
+        logits = torch.zeros(len(masked_lm_positions), VOCAB)
+        logits[:, self.word] = 1.0
+        return SimpleNamespace(mlm_logits=logits)
+
+
+def test_mlm_counts_by_hand():
+    from bertperf.train.evaluation import mlm_counts
+    logits = torch.tensor([[0.0, 1, 0], [2, 0, 0], [0, 0, 3], [0, 5, 0]])
+    assert mlm_counts(logits, torch.tensor([1, 0, 1, 2])).tolist() == [2.0, 4.0]
+
+
+def test_eval_accuracy_over_the_whole_file_and_shards(tmp_path):
+    import contextlib
+
+    from bertperf.train.dist import Dist
+    from bertperf.train.evaluation import load_eval_share, mlm_accuracy
+    env = make_dataset(tmp_path)
+    labels = copy_task(64, seed=2).mlm_ids
+    word = int(np.bincount(labels).argmax())
+    whole, total = load_eval_share(Path(env["EVAL_FILE"]), 0, 1)
+    acc = mlm_accuracy(ConstantPredictor(word), whole, 10, Dist(0, 1), torch.device("cpu"),
+                       contextlib.nullcontext)
+    assert total == 64 and acc == pytest.approx(np.mean(labels == word))
+    shares = [load_eval_share(Path(env["EVAL_FILE"]), r, 3)[0] for r in range(3)]
+    assert sum(len(s) for s in shares) == 64
+    assert sum(int((s.mlm_ids == word).sum()) for s in shares) == int((labels == word).sum())
+
+
+# ---- init wiring -------------------------------------------------------------------------------
+
+def test_setup_logs_hyperparameters_and_schedule(tmp_path):
+    from bertperf.config import load
+    from bertperf.mlperf.log import MLPerfLogger
+    from bertperf.optim import lr_at
+    from bertperf.train.loop import micro_batches, setup, train_step
+    cfg = load(env_for(tmp_path, GRADIENT_STEPS="2", WARMUP_PROPORTION="0.1", PREFETCH="0"))
+    log_path = tmp_path / "log.txt"
+    t = setup(cfg, MLPerfLogger(log_path, echo=False))
+    lines = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in log_path.read_text().splitlines()]
+    values = {l["key"]: l["value"] for l in lines}
+    assert values["global_batch_size"] == 8 and values["gradient_accumulation_steps"] == 2
+    assert values["opt_learning_rate_warmup_steps"] == 5 and values["eval_samples"] == 64
+    assert values["opt_base_learning_rate"] == 0.01 and values["max_sequence_length"] == MSL
+    batches = micro_batches(t.loader, t.device)
+    for k in range(3):
+        assert t.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(k + 1, 0.01, 5, 50))
+        train_step(t, batches)
+    assert t.loader.position == 3 * 2 * 4  # GA micro-batches of BATCHSIZE per step
