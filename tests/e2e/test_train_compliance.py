@@ -1,9 +1,11 @@
 """Real tiny runs of `python -m bertperf train` whose MLPerf logs pass the compliance checker.
 
 The data is the copy task of tests/unit/test_train.py (every token of a sequence is one word; the
-masked ones are to be read off the others). With seed 0, LR 0.02, MAX_STEPS 600 and 16-sequence
-batches the tiny model's eval accuracy is 0.066 after 1,280 samples (chance: 1/32) and 0.734
-after 2,560, so it reaches MLPerf's own target, 0.720, at the second eval (about 6 s)."""
+masked ones are to be read off the others). With seed 0, LR 0.02, MAX_STEPS 600, 16-sequence
+batches and an eval every 320 samples, the tiny model's eval accuracy (measured 2026-11-22) climbs
+0.066 (1,280 samples; chance 1/32), 0.129, 0.453, 0.606, 0.734 (2,560), so it reaches MLPerf's own
+target, 0.720, at an eval well below 1.0 (the checker rejects 1.0); frequent evals keep the
+crossing value near the target even if float rounding on another CPU shifts the curve a little."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def train(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path
     full = {**{k: v for k, v in os.environ.items()
                if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")},
             **data, "PYTHONPATH": PYTHONPATH, "BATCHSIZE": "16", "LR": "0.02", "MAX_STEPS": "600",
-            "EVAL_ITER_SAMPLES": "1280", "SEED": "0", "LOG_FREQ": "20", "MLLOG_FILE": str(log),
+            "EVAL_ITER_SAMPLES": "320", "SEED": "0", "LOG_FREQ": "20", "MLLOG_FILE": str(log),
             "LOGDIR": str(tmp_path), **env}
     run = subprocess.run([sys.executable, "-m", "bertperf", "train"], env=full, cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
@@ -53,7 +55,7 @@ def test_converging_run_passes_the_checker(tmp_path):
     stop = [e for e in ev if e["key"] == "run_stop"]
     assert stop[0]["metadata"]["status"] == "success"
     acc = [e for e in ev if e["key"] == "eval_accuracy"]
-    assert acc[-1]["value"] >= 0.720 and acc[-1]["metadata"]["epoch_num"] == 1280 * len(acc)
+    assert 0.720 <= acc[-1]["value"] < 0.95 and acc[-1]["metadata"]["epoch_num"] == 320 * len(acc)
     assert "tokens/s" in run.stderr
     check = checker(log)
     assert "SUCCESS" in check.stderr, check.stderr[-3000:]
