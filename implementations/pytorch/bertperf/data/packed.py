@@ -31,13 +31,13 @@ max_predictions_per_seq; positions relative to the row), next_sentence_labels [R
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from bertperf.data.samples import Samples, offsets_from_lengths, ranges
+from bertperf.data.samples import Samples, id_dtype, offsets_from_lengths, ranges, same_arrays
 from bertperf.errors import UserError
 
 FORMAT = "bertperf-packed/1"
@@ -117,23 +117,18 @@ class Packed:
         return Packed.from_samples(self.to_samples(), seqs, self.seqs_per_row[rows])
 
     def astype_compact(self) -> Packed:
-        ids_t = np.uint16 if self.input_ids.size == 0 or int(self.input_ids.max()) < 1 << 16 \
-            else np.int32
-        mids_t = np.uint16 if self.mlm_ids.size == 0 or int(self.mlm_ids.max()) < 1 << 16 \
-            else np.int32
-        return Packed(self.input_ids.astype(ids_t, copy=False),
+        return Packed(self.input_ids.astype(id_dtype(self.input_ids), copy=False),
                       self.row_offsets.astype(np.int64, copy=False),
                       self.seq_lengths.astype(np.uint16, copy=False),
                       self.row_seq_offsets.astype(np.int64, copy=False),
                       self.b_starts.astype(np.uint16, copy=False),
                       self.mlm_positions.astype(np.uint16, copy=False),
-                      self.mlm_ids.astype(mids_t, copy=False),
+                      self.mlm_ids.astype(id_dtype(self.mlm_ids), copy=False),
                       self.mlm_offsets.astype(np.int64, copy=False),
                       self.nsp.astype(np.uint8, copy=False))
 
     def equals(self, other: Packed) -> bool:
-        return all(np.array_equal(getattr(self, f.name), getattr(other, f.name))
-                   for f in fields(self))
+        return same_arrays(self, other)
 
     # ---- training batches ----------------------------------------------------------------------
 

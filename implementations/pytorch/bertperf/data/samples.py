@@ -27,6 +27,17 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (ends - lengths), lengths) + np.arange(total)
 
 
+def id_dtype(ids: np.ndarray) -> type:
+    """Storage dtype for token ids: uint16 when every id fits, else int32."""
+    return np.uint16 if ids.size == 0 or int(ids.max()) < 1 << 16 else np.int32
+
+
+def same_arrays(a, b) -> bool:
+    """Field-by-field array equality of two array dataclasses of the same type."""
+    return type(a) is type(b) and all(
+        np.array_equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+
+
 def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
@@ -86,21 +97,16 @@ class Samples:
 
     def astype_compact(self) -> Samples:
         """Storage dtypes: uint16 ids/positions when they fit, uint8 NSP, int64 offsets."""
-        ids_t = np.uint16 if self.input_ids.size == 0 or int(self.input_ids.max()) < 1 << 16 \
-            else np.int32
-        mids_t = np.uint16 if self.mlm_ids.size == 0 or int(self.mlm_ids.max()) < 1 << 16 \
-            else np.int32
-        return Samples(self.input_ids.astype(ids_t, copy=False),
+        return Samples(self.input_ids.astype(id_dtype(self.input_ids), copy=False),
                        self.offsets.astype(np.int64, copy=False),
                        self.b_starts.astype(np.uint16, copy=False),
                        self.mlm_positions.astype(np.uint16, copy=False),
-                       self.mlm_ids.astype(mids_t, copy=False),
+                       self.mlm_ids.astype(id_dtype(self.mlm_ids), copy=False),
                        self.mlm_offsets.astype(np.int64, copy=False),
                        self.nsp.astype(np.uint8, copy=False))
 
     def equals(self, other: Samples) -> bool:
-        return all(np.array_equal(getattr(self, f.name), getattr(other, f.name))
-                   for f in fields(self))
+        return same_arrays(self, other)
 
     # ---- padded form -------------------------------------------------------------------------
 
