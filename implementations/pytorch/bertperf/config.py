@@ -140,6 +140,28 @@ class TrainConfig:
     """submission_platform of the MLPerf log."""
 
 
+# ---- checkpoints (bertperf.train.checkpoint) ---------------------------------------------------
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Saving and resuming bertperf's own checkpoints (model, optimizer, schedule, loss scale,
+    loader position, RNG states, step/sample/eval counters). A resumed run writes a new MLPerf log
+    (its own init and run_start); what carries over is the training state, so the loss curve
+    continues exactly where the checkpoint left it."""
+
+    checkpoint_dir: Path | None = _var("CHECKPOINT_DIR", Path)
+    """Folder for checkpoints (ckpt_<step>.pt, written by rank 0 atomically); unset = none saved."""
+    checkpoint_every: int = _var("CHECKPOINT_EVERY", int, 0)
+    """Save every this many optimizer steps, and at the end of a run stopped by MAX_STEPS or
+    MAX_SAMPLES_TERMINATION (0 = only at that end). Needs CHECKPOINT_DIR."""
+    resume_from: str | None = _var("RESUME_FROM", str)
+    """A checkpoint file to resume from, or "auto": the latest in CHECKPOINT_DIR (a fresh start
+    when there is none). The run's configuration must match the checkpoint's."""
+
+
+# ---- end of checkpoints ----------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class DistConfig:
     """Where this process sits in the job: from torchrun (RANK/WORLD_SIZE/LOCAL_RANK), Slurm
@@ -194,6 +216,8 @@ class RunConfig:
     """Batching, evaluation, stopping, logging."""
     dist: DistConfig = field(default_factory=DistConfig)
     """This process's place in the job."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoint saving and resuming (bertperf.train.checkpoint)."""
 
     @property
     def global_batch_size(self) -> int:
@@ -212,7 +236,7 @@ class RunConfig:
         return self.train.log_file or self.train.output_dir / "result_0.txt"
 
 
-SECTIONS = ("model", "data", "optim", "train")
+SECTIONS = ("model", "data", "optim", "train", "checkpoint")
 
 
 def tunables() -> Iterator[tuple[str, Any]]:
@@ -271,3 +295,17 @@ def validate(cfg: RunConfig) -> None:
     if cfg.model.bert_config not in MODEL_SIZES and not Path(cfg.model.bert_config).is_file():
         raise UserError(f"BERT_CONFIG {cfg.model.bert_config!r} is neither "
                         f"{' nor '.join(MODEL_SIZES)} nor an existing file")
+    _validate_checkpoint(cfg.checkpoint)
+
+
+def _validate_checkpoint(ck: CheckpointConfig) -> None:
+    """CHECKPOINT_* / RESUME_FROM checks (kept apart from the rest of validate)."""
+    if ck.checkpoint_every < 0:
+        raise UserError(f"CHECKPOINT_EVERY must be >= 0, got {ck.checkpoint_every}")
+    if ck.checkpoint_every and ck.checkpoint_dir is None:
+        raise UserError("CHECKPOINT_EVERY needs CHECKPOINT_DIR (--checkpoint-dir)")
+    if ck.resume_from == "auto":
+        if ck.checkpoint_dir is None:
+            raise UserError("RESUME_FROM=auto needs CHECKPOINT_DIR (--checkpoint-dir)")
+    elif ck.resume_from is not None and not Path(ck.resume_from).is_file():
+        raise UserError(f"checkpoint {ck.resume_from} (RESUME_FROM / --resume-from) does not exist")

@@ -27,6 +27,7 @@ from bertperf.mlperf.log import MLPerfLogger
 from bertperf.model import BertForPreTraining, UnpaddedBatch
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
                             mlperf_hparams, param_groups, resolve_warmup)
+from bertperf.train import checkpoint
 from bertperf.train import dist as distributed
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
 
@@ -132,17 +133,22 @@ def train_step(t: Trainer, batches: Iterator[dict]) -> torch.Tensor:
     return stats
 
 
-def run_loop(t: Trainer, progress: Callable[[str], None]) -> tuple[str, int]:
-    """Train until a stopping rule fires: (MLPerf status, samples trained)."""
+def run_loop(t: Trainer, progress: Callable[[str], None],
+             start: checkpoint.Position | None = None) -> tuple[str, int]:
+    """Train until a stopping rule fires: (MLPerf status, samples trained). `start`: where a
+    resumed run goes on (train/checkpoint.py); None for a fresh run."""
     cfg, log = t.cfg, t.log
     gbs = cfg.global_batch_size
     evaluate = functools.partial(mlm_accuracy, t.core, t.eval_share, cfg.train.eval_batch_size,
                                  t.dist, t.device, t.autocast)
     batches = micro_batches(t.loader, t.device)
     next_eval, samples, step = cfg.first_eval, 0, 0
-    log.start(C.BLOCK_START, metadata={C.FIRST_EPOCH_NUM: 0, C.EPOCH_COUNT: 1, "samples_count": 0})
+    if start is not None:  # checkpoint hook: resumed run
+        step, samples, next_eval = start.step, start.samples, start.next_eval
+    log.start(C.BLOCK_START, metadata={C.FIRST_EPOCH_NUM: 0, C.EPOCH_COUNT: 1,
+                                       "samples_count": samples})
     t.model.train()
-    tick, tick_step, tick_tokens = time.perf_counter(), 0, 0.0
+    tick, tick_step, tick_tokens = time.perf_counter(), step, 0.0
     while True:
         stats = t.dist.sum(train_step(t, batches))
         step += 1
@@ -172,6 +178,7 @@ def run_loop(t: Trainer, progress: Callable[[str], None]) -> tuple[str, int]:
             progress(f"eval at {samples} samples: mlm accuracy {accuracy:.4f}")
             if accuracy >= cfg.train.target_accuracy:
                 return C.SUCCESS, samples
+        checkpoint.maybe_save(t, step, samples, next_eval)  # checkpoint hook: CHECKPOINT_EVERY
         if samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps:
             if not evaluated:
                 log.end(C.BLOCK_STOP, metadata={C.FIRST_EPOCH_NUM: 0, "samples_count": samples})
@@ -188,11 +195,12 @@ def main(cfg: RunConfig) -> int:
     log.start(C.INIT_START)
     t = setup(cfg, log)
     try:
+        start = checkpoint.resume(t)  # checkpoint hook: RESUME_FROM (part of init)
         log.end(C.INIT_STOP)
         log.start(C.RUN_START)
         printer = (lambda line: print(line, file=sys.stderr, flush=True)) \
             if t.dist.rank == 0 else (lambda line: None)
-        status, samples = run_loop(t, printer)
+        status, samples = run_loop(t, printer, start)
         log.event(C.TRAIN_SAMPLES, samples)
         log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED if status == "nonfinite" else status})
         printer(f"run_stop: {status} after {samples} samples")

@@ -1,0 +1,228 @@
+"""bertperf's own checkpoints: save a run's whole training state and resume it exactly.
+
+A checkpoint (`torch.save` of one dict, loadable with `weights_only=True`) holds:
+
+  model      the core model's state_dict (never the DDP wrapper's "module."-prefixed one)
+  optimizer  LAMB's state_dict (moments, per-group step and hyper-parameters)
+  scheduler  LinearWarmupPolyDecay's state_dict (last_epoch = completed steps, base LRs)
+  scaler     DynamicLossScaler's state_dict (fp16 only, else None)
+  loader     ShardLoader.state_dict(): (epoch, position) of the consumed batches, shard fingerprint
+  rng        python `random`, numpy and torch CPU states, and every CUDA device's when present
+  step, samples, next_eval   the loop's counters (next_eval: sample count of the next eval)
+  config     fingerprint(): the model's BertConfig and every setting that changes the loss curve
+
+Rank 0 writes it, to a temporary name renamed into place (prep.fileio.atomic_output), so a file
+named ckpt_<step>.pt is always complete. Every rank loads it; parameters and optimizer state are
+the same on all ranks under DDP and the loader position is too. Only rank 0's RNG states are
+saved: other ranks reseed from (SEED, rank, step), so with dropout and WORLD_SIZE > 1 a resumed
+run's dropout masks on ranks > 0 differ from an uninterrupted run's (a single process, or no
+dropout, resumes bitwise).
+
+Resuming restores all of it after `setup` (i.e. after init's seeding), so steps k+1.. of a run
+resumed from step k compute the same losses, bitwise on CPU, as the uninterrupted run. A resumed
+run writes a new MLPerf log (its own init/run_start; block_start at the restored sample count).
+Errors are one-line UserErrors naming the file: unreadable or truncated file, a checkpoint of
+another model (first mismatching tensor named), or a different run configuration.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertperf.errors import UserError
+from bertperf.prep.fileio import atomic_output
+
+FORMAT = "bertperf-checkpoint-1"
+NAME = re.compile(r"^ckpt_(\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a resumed loop continues: completed optimizer steps, samples trained, next eval."""
+
+    step: int
+    samples: int
+    next_eval: int
+
+
+def file_name(step: int) -> str:
+    return f"ckpt_{step:08d}.pt"
+
+
+def latest(folder: Path) -> Path | None:
+    """The checkpoint of the highest step in `folder` (None when there is none)."""
+    if not folder.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME.match(p.name))]
+    return max(found)[1] if found else None
+
+
+def fingerprint(cfg) -> dict[str, Any]:
+    """The settings a resumed run must share with the saved one to continue the same curve."""
+    model = {f"model.{k}": v for k, v in asdict(cfg.model.build()).items()}
+    o, t = cfg.optim, cfg.train
+    run = {"BATCHSIZE": t.batch_size, "GRADIENT_STEPS": t.gradient_steps,
+           "WORLD_SIZE": cfg.dist.world_size, "SEED": t.seed, "PRECISION": t.precision,
+           "LR": o.lr, "MAX_STEPS": o.max_steps, "WARMUP_STEPS": o.warmup_steps,
+           "WARMUP_PROPORTION": o.warmup_proportion, "START_WARMUP_STEP": o.start_warmup_step,
+           "OPT_LAMB_BETA_1": o.beta1, "OPT_LAMB_BETA_2": o.beta2,
+           "WEIGHT_DECAY_RATE": o.weight_decay, "EPSILON": o.epsilon,
+           "MAX_GRAD_NORM": o.max_grad_norm}
+    return {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
+            for k, v in {**model, **run}.items()}
+
+
+# ---- RNG ---------------------------------------------------------------------------------------
+
+def rng_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    out = {"python": random.getstate(),
+           "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
+                     float(gauss)),
+           "torch": torch.get_rng_state(), "cuda": None}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- save --------------------------------------------------------------------------------------
+
+def save(path: str | Path, trainer, step: int, samples: int, next_eval: int) -> Path | None:
+    """Write the trainer's state after `step` optimizer steps (rank 0 only; others return None)."""
+    if trainer.dist.rank != 0:
+        return None
+    path = Path(path)
+    state = {
+        "format": FORMAT,
+        "model": trainer.core.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict(),
+        "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
+        "loader": trainer.loader.state_dict(),
+        "rng": rng_state(),
+        "step": int(step), "samples": int(samples), "next_eval": int(next_eval),
+        "config": fingerprint(trainer.cfg),
+    }
+    with atomic_output(path) as tmp:
+        torch.save(state, tmp)
+    return path
+
+
+def maybe_save(trainer, step: int, samples: int, next_eval: int) -> Path | None:
+    """The loop's hook after each step: save every CHECKPOINT_EVERY steps and at the step where
+    MAX_STEPS or MAX_SAMPLES_TERMINATION ends the run (nothing without CHECKPOINT_DIR)."""
+    cfg = trainer.cfg
+    ck = cfg.checkpoint
+    if ck.checkpoint_dir is None:
+        return None
+    last = samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps
+    if not last and not (ck.checkpoint_every and step % ck.checkpoint_every == 0):
+        return None
+    return save(ck.checkpoint_dir / file_name(step), trainer, step, samples, next_eval)
+
+
+# ---- load --------------------------------------------------------------------------------------
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"checkpoint {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"checkpoint {path}: is a folder, expected a file") from None
+    except Exception as exc:  # truncated zip, bad pickle, foreign file: torch raises many kinds
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"checkpoint {path}: unreadable (truncated or corrupt?): {detail}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UserError(f"checkpoint {path}: not a bertperf checkpoint (format "
+                        f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
+    return state
+
+
+def _check_model(path: Path, saved: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+    mine = model.state_dict()
+    for name, tensor in mine.items():
+        if name not in saved:
+            raise UserError(f"checkpoint {path}: has no tensor {name} (a different model?)")
+        if tuple(saved[name].shape) != tuple(tensor.shape):
+            raise UserError(f"checkpoint {path}: tensor {name} has shape "
+                            f"{tuple(saved[name].shape)}, this model's is {tuple(tensor.shape)}")
+    extra = [n for n in saved if n not in mine]
+    if extra:
+        raise UserError(f"checkpoint {path}: tensor {extra[0]} is not in this model "
+                        "(a different model?)")
+
+
+def _check_config(path: Path, saved: dict[str, Any], mine: dict[str, Any]) -> None:
+    for key in sorted(set(saved) | set(mine)):
+        if saved.get(key) != mine.get(key):
+            raise UserError(f"checkpoint {path}: saved with {key}={saved.get(key)!r}, this run has "
+                            f"{mine.get(key)!r}; an exact resume needs the same settings")
+
+
+def load(path: str | Path, trainer) -> Position:
+    """Restore everything `save` wrote into `trainer` (after setup); where the loop goes on."""
+    path = Path(path)
+    state = _read(path)
+    try:
+        _check_model(path, state["model"], trainer.core)  # shapes first: names the tensor
+        _check_config(path, state["config"], fingerprint(trainer.cfg))
+        trainer.core.load_state_dict(state["model"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.scheduler.load_state_dict(state["scheduler"])
+        if trainer.scaler is not None:
+            if state["scaler"] is None:
+                raise UserError(f"checkpoint {path}: has no fp16 loss-scaler state")
+            trainer.scaler.load_state_dict(state["scaler"])
+        loader_state = dict(state["loader"], rank=trainer.loader.rank)  # same position on all ranks
+        try:
+            trainer.loader.load_state_dict(loader_state)
+        except UserError as exc:
+            raise UserError(f"checkpoint {path}: {exc}") from None
+        step = int(state["step"])
+        if trainer.dist.rank == 0:
+            set_rng_state(state["rng"])
+        else:
+            seed = trainer.cfg.train.seed
+            random.seed(f"{seed}-{trainer.dist.rank}-{step}")
+            np.random.seed([seed % 2**32, trainer.dist.rank, step])
+            torch.manual_seed(seed * 1_000_003 + trainer.dist.rank * 10_007 + step)
+        return Position(step, int(state["samples"]), int(state["next_eval"]))
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise UserError(f"checkpoint {path}: inconsistent contents "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+                        ) from None
+
+
+def resume(trainer) -> Position | None:
+    """The init hook: load RESUME_FROM (a file, or "auto" = latest in CHECKPOINT_DIR, None when
+    there is none) into the trainer; None for a fresh start."""
+    ck = trainer.cfg.checkpoint
+    if ck.resume_from is None:
+        return None
+    path = latest(ck.checkpoint_dir) if ck.resume_from == "auto" else Path(ck.resume_from)
+    if path is None:
+        return None
+    start = load(path, trainer)
+    cfg = trainer.cfg
+    if start.step >= cfg.optim.max_steps or start.samples >= cfg.train.max_samples_termination:
+        raise UserError(f"checkpoint {path}: the run already ended there (step {start.step}, "
+                        f"{start.samples} samples); nothing to resume")
+    return start

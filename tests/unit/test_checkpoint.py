@@ -1,0 +1,149 @@
+"""Checkpoints (bertperf.train.checkpoint): a run resumed from step k continues the uninterrupted
+run's loss curve bitwise (tiny model with dropout, GA 2, prefetching loader, evals, an epoch
+boundary), and bad checkpoints are one-line errors naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.test_train import make_dataset, tiny_bert_config
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHONPATH = os.pathsep.join([str(ROOT / "implementations" / "pytorch"), str(ROOT)])
+N = 20  # steps of the whole run; 64 training samples / 8 per step = 8 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("ckdata")
+    env = make_dataset(root / "data", n_train=64, n_eval=16)
+    env["BERT_CONFIG"] = str(tiny_bert_config(root / "dropout_config.json", dropout=0.1))
+    return env
+
+
+def base_env(data: dict, out: Path, **extra: str) -> dict:
+    return {**data, "BATCHSIZE": "4", "GRADIENT_STEPS": "2", "LR": "0.01", "MAX_STEPS": str(N),
+            "WARMUP_PROPORTION": "0.2", "EVAL_ITER_SAMPLES": "24", "TARGET_MLM_ACCURACY": "0.99",
+            "SEED": "3", "LOG_FREQ": "0", "LOGDIR": str(out), "MLLOG_FILE": str(out / "log.txt"),
+            **extra}
+
+
+def run(monkeypatch, env: dict) -> list[float]:
+    """loop.main in this process; the per-step losses (this rank's stats[0], float64)."""
+    from bertperf import config
+    from bertperf.train import loop
+    losses: list[float] = []
+    real = loop.train_step
+
+    def recording(t, batches):
+        stats = real(t, batches)
+        losses.append(float(stats[0]))
+        return stats
+
+    monkeypatch.setattr(loop, "train_step", recording)
+    assert loop.main(config.load(env)) == 0
+    monkeypatch.setattr(loop, "train_step", real)
+    return losses
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(path, weights_only=True)
+    out = {f"model.{k}": v for k, v in state["model"].items()}
+    for i, s in state["optimizer"]["state"].items():
+        out.update({f"opt.{i}.{k}": v for k, v in s.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
+def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, data):
+    from bertperf.train.checkpoint import file_name, latest
+    full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck_a")))
+    assert len(full) == N and len(set(full)) == N
+    assert sorted(p.name for p in (tmp_path / "ck_a").iterdir()) == [file_name(N)]  # end only
+
+    ck = tmp_path / "ck_b"
+    half = run(monkeypatch, base_env(data, tmp_path / "b", CHECKPOINT_DIR=str(ck),
+                                     CHECKPOINT_EVERY="4", MAX_SAMPLES_TERMINATION=str(N // 2 * 8)))
+    assert half == full[:N // 2]
+    assert sorted(p.name for p in ck.iterdir()) == [file_name(s) for s in (4, 8, 10)]
+    assert latest(ck) == ck / file_name(10)
+
+    # from the latest (mid-epoch, between evals) and from step 8 (the end of epoch 0)
+    for resume_from, k, out in (("auto", N // 2, "c"), (str(ck / file_name(8)), 8, "d")):
+        ck_out = ck if resume_from == "auto" else tmp_path / f"ck_{out}"
+        rest = run(monkeypatch, base_env(data, tmp_path / out, CHECKPOINT_DIR=str(ck_out),
+                                         RESUME_FROM=resume_from))
+        assert rest == full[k:], (resume_from, rest, full[k:])  # bitwise: float == float
+        final = ck_out / file_name(N)
+        a, b = tensors(tmp_path / "ck_a" / file_name(N)), tensors(final)
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
+        events = [json.loads(l.split(":::MLLOG ", 1)[1])
+                  for l in (tmp_path / out / "log.txt").read_text().splitlines()]
+        first_block = next(e for e in events if e["key"] == "block_start")
+        assert first_block["metadata"]["samples_count"] == k * 8
+        assert [e["value"] for e in events if e["key"] == "train_samples"] == [N * 8]
+
+
+def cli(env: dict) -> subprocess.CompletedProcess:
+    full = {**{k: v for k, v in os.environ.items()
+               if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")},
+            **env, "PYTHONPATH": PYTHONPATH}
+    return subprocess.run([sys.executable, "-m", "bertperf", "train"], env=full,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, data) -> Path:
+    """A checkpoint after 2 steps of the tiny model (hidden size 32)."""
+    root = tmp_path_factory.mktemp("saved")
+    from bertperf import config
+    from bertperf.train import loop
+    env = base_env(data, root, CHECKPOINT_DIR=str(root / "ck"), MAX_SAMPLES_TERMINATION="16")
+    assert loop.main(config.load(env)) == 0
+    return root / "ck" / "ckpt_00000002.pt"
+
+
+def test_wrong_shape_is_one_line_error_naming_the_file(tmp_path, data, saved):
+    cfg = json.loads(Path(data["BERT_CONFIG"]).read_text())
+    wider = tmp_path / "wider.json"
+    wider.write_text(json.dumps({**cfg, "hidden_size": 48}))
+    proc = cli(base_env({**data, "BERT_CONFIG": str(wider)}, tmp_path, RESUME_FROM=str(saved)))
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"bertperf: error: checkpoint {saved}: tensor ")
+    assert "(32,)" in lines[0] or "32)" in lines[0], lines[0]
+
+
+def test_truncated_checkpoint_is_one_line_error(tmp_path, data, saved):
+    cut = tmp_path / "cut.pt"
+    blob = saved.read_bytes()
+    cut.write_bytes(blob[:len(blob) // 2])
+    proc = cli(base_env(data, tmp_path, RESUME_FROM=str(cut)))
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"bertperf: error: checkpoint {cut}: unreadable")
+
+
+def test_other_settings_and_missing_file_are_errors(tmp_path, monkeypatch, data, saved):
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train import loop
+    with pytest.raises(UserError, match=r"saved with BATCHSIZE=4, this run has 8") as err:
+        loop.main(config.load(base_env(data, tmp_path, BATCHSIZE="8", RESUME_FROM=str(saved))))
+    assert str(saved) in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError, match="does not exist"):
+        config.load(base_env(data, tmp_path, RESUME_FROM=str(tmp_path / "none.pt")))
+    with pytest.raises(UserError, match="RESUME_FROM=auto needs CHECKPOINT_DIR"):
+        config.load(base_env(data, tmp_path, RESUME_FROM="auto"))
+    # auto with an empty folder: a fresh start
+    losses = run(monkeypatch, base_env(data, tmp_path / "o", CHECKPOINT_DIR=str(tmp_path / "e"),
+                                       RESUME_FROM="auto", MAX_SAMPLES_TERMINATION="16"))
+    assert len(losses) == 2
