@@ -399,3 +399,65 @@ def test_packed_loader(packed_shards):
 def test_formats_do_not_mix(shards, packed_shards):
     with pytest.raises(UserError, match="bertperf-unpadded/1 shard among bertperf-packed/1"):
         ShardDataset([packed_shards[0], shards[0]])
+
+
+# ---- split="global_batch": the ranks share each global batch ---------------------------------------
+
+def _ids(batch):
+    return [tuple(r) for r in batch["input_ids"].tolist()]
+
+
+@pytest.mark.parametrize("world,b,drop_last", [(2, 4, True), (3, 5, False), (4, 1, True),
+                                               (2, 7, False)])
+def test_global_batch_split_unions_to_the_one_rank_batch(shards, world, b, drop_last):
+    """Each global batch, its per-rank parts concatenated in rank order, is the batch of a 1-rank
+    loader with batch_size W*b, in order, over two epochs."""
+    ds = ShardDataset(shards)
+    kw = dict(seed=3, prefetch=0, drop_last=drop_last, split="global_batch")
+    one = ShardLoader(ds, world * b, **kw)
+    ranks = [ShardLoader(ds, b, rank=r, world_size=world, **kw) for r in range(world)]
+    for _ in range(2):
+        want = [_ids(x) for x in one]
+        got = [[_ids(x) for x in loader] for loader in ranks]
+        assert all(len(g) == len(ranks[0]) for g in got)
+        if drop_last:
+            assert len(want) == len(got[0])
+            assert [sum((g[i] for g in got), []) for i in range(len(want))] == want
+        else:  # the same samples in the same order (the partial tail is split m rows per rank)
+            flat_one = sum(want, [])
+            blocks = [sum((g[i] for g in got), []) for i in range(len(got[0]))]
+            flat = sum(blocks, [])
+            assert len(flat) == len(flat_one) // world * world and flat == flat_one[:len(flat)]
+
+
+def test_global_batch_split_covers_the_epoch_once(shards):
+    ds = ShardDataset(shards)
+    world, b = 3, 4
+    seen = [x for r in range(world)
+            for batch in ShardLoader(ds, b, rank=r, world_size=world, seed=1, prefetch=0,
+                                     drop_last=False, split="global_batch")
+            for x in _ids(batch)]
+    assert len(seen) == len(set(seen)) == ds.num_samples // world * world
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_global_batch_resume_is_exact(shards, prefetch):
+    import json
+    ds = ShardDataset(shards)
+    kw = dict(rank=1, world_size=2, seed=4, prefetch=prefetch, split="global_batch")
+    full = ShardLoader(ds, 3, **kw)
+    want = [_ids(x) for x in full] + [_ids(x) for x in full]
+    part = ShardLoader(ds, 3, **kw)
+    it = iter(part)
+    head = [_ids(next(it)) for _ in range(5)]
+    it.close()
+    state = json.loads(json.dumps(part.state_dict()))
+    assert state["split"] == "global_batch"
+    fresh = ShardLoader(ds, 3, **kw)
+    fresh.load_state_dict(state)
+    tail = [_ids(x) for x in fresh] + [_ids(x) for x in fresh]
+    assert head + tail[:len(want) - 5] == want
+    with pytest.raises(UserError, match="split"):
+        ShardLoader(ds, 3, rank=1, world_size=2, seed=4).load_state_dict(state)
+    with pytest.raises(UserError, match="batch_size"):
+        ShardLoader(ds, 4, **kw).load_state_dict(state)

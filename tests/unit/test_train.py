@@ -218,3 +218,22 @@ def test_setup_logs_hyperparameters_and_schedule(tmp_path):
         assert t.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(k + 1, 0.01, 5, 50))
         train_step(t, batches)
     assert t.loader.position == 3 * 2 * 4  # GA micro-batches of BATCHSIZE per step
+
+
+def test_dist_config_launchers_and_loader_split(tmp_path):
+    from bertperf.config import DistConfig, load
+    from bertperf.errors import UserError
+    torchrun = DistConfig.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                                    "TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29555"})
+    assert (torchrun.rank, torchrun.world_size, torchrun.launcher_store) == (1, 2, True)
+    srun = DistConfig.from_env({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
+                                "MASTER_ADDR": "node0", "DIST_TIMEOUT": "30"})
+    assert (srun.rank, srun.world_size, srun.local_rank, srun.master_addr, srun.timeout_s,
+            srun.launcher_store) == (3, 4, 1, "node0", 30.0, False)
+    mpi = DistConfig.from_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
+    assert (mpi.rank, mpi.world_size, mpi.launcher_store) == (0, 2, False)
+    env = env_for(tmp_path)
+    assert load(env).data.loader_split == "global_batch"
+    assert load({**env, "LOADER_SPLIT": "shards"}).data.loader_split == "shards"
+    with pytest.raises(UserError, match="LOADER_SPLIT"):
+        load({**env, "LOADER_SPLIT": "rows"})

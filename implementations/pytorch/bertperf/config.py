@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping
 from bertperf.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+LOADER_SPLITS = ("global_batch", "shards")
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
@@ -77,6 +78,11 @@ class DataConfig:
     """The padded eval HDF5 file (`eval_10k.hdf5`); every sample of it is evaluated."""
     prefetch: int = _var("PREFETCH", int, 2)
     """Training batches built ahead on the loader's thread (0 = none)."""
+    loader_split: str = _var("LOADER_SPLIT", str, "global_batch")
+    """How ranks share the epoch (bertperf.data.loader): "global_batch" (default): each global
+    batch of WORLD_SIZE*BATCHSIZE consecutive samples of the one epoch stream is cut into per-rank
+    parts, so the run's batches, and so its result, do not depend on the number of ranks;
+    "shards": each rank reads its own contiguous slice of the stream (fewer shards per rank)."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,10 @@ class DistConfig:
     """MASTER_PORT: its port."""
     timeout_s: float = 1800.0
     """DIST_TIMEOUT: seconds a collective may wait before the job fails."""
+    launcher_store: bool = False
+    """True under torchrun (TORCHELASTIC_RUN_ID set): its agent already serves the rendezvous
+    store on MASTER_ADDR:MASTER_PORT, so the group joins it with env:// instead of opening its own
+    tcp:// store there (which would clash on that port and hang)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> DistConfig:
@@ -197,6 +207,7 @@ class DistConfig:
             got["master_port"] = _parse(environ, "MASTER_PORT", int)
         if "DIST_TIMEOUT" in environ:
             got["timeout_s"] = _parse(environ, "DIST_TIMEOUT", float)
+        got["launcher_store"] = bool(environ.get("TORCHELASTIC_RUN_ID"))
         out = cls(**got)
         if not 0 <= out.rank < out.world_size:
             raise UserError(f"rank {out.rank} outside 0..{out.world_size - 1} (from the launcher's "
@@ -287,6 +298,9 @@ def validate(cfg: RunConfig) -> None:
                         " does not exist")
     if cfg.data.eval_file is None or not cfg.data.eval_file.is_file():
         raise UserError(f"eval file {cfg.data.eval_file} (EVAL_FILE / --eval-file) does not exist")
+    if cfg.data.loader_split not in LOADER_SPLITS:
+        raise UserError(f"LOADER_SPLIT must be one of {', '.join(LOADER_SPLITS)}, "
+                        f"not {cfg.data.loader_split!r}")
     if cfg.train.precision not in PRECISIONS:
         raise UserError(f"PRECISION must be one of {', '.join(PRECISIONS)}, "
                         f"not {cfg.train.precision!r}")

@@ -13,7 +13,7 @@ Pieces, each usable on its own:
                                keeps at most `cache_size` of them mapped
   EpochPlan(counts, seed, epoch, rank, world_size)
                                which samples rank `rank` reads in `epoch`, and in which order
-  ShardLoader(dataset, batch_size, rank=, world_size=, seed=, ...)
+  ShardLoader(dataset, batch_size, rank=, world_size=, seed=, split=, ...)
                                iterate batches; state_dict()/load_state_dict() or start_sample=
                                for exact resume; `prefetch` batches built ahead on a thread
 
@@ -31,6 +31,13 @@ Order (a pure function of seed, epoch, rank, world size and the shards' sample c
      read in that epoch (fewer than world_size samples; different ones every epoch, since the
      permutation changes). Every rank therefore reads the same number of samples, L, and so makes
      the same number of batches, which data-parallel training needs.
+  3b. split="global_batch" (the trainer's default, config LOADER_SPLIT): every rank walks the
+     whole global stream instead, cut into global batches of world_size*batch_size consecutive
+     samples; rank r reads rows [r*b, (r+1)*b) of each (b = batch_size). The union over ranks of
+     each global batch, in rank order, is then exactly the batch of a 1-rank loader with
+     batch_size W*b, so a data-parallel run sees the same global batches whatever the number of
+     ranks. Each rank still reads L = S // world_size samples; when L % b = m != 0 the last
+     (partial) global batch of W*m samples is split the same way, m rows per rank.
   5. Batches are consecutive runs of `batch_size` samples of the rank's stream; they may span shard
      boundaries, so shards smaller than a batch are fine. drop_last=True (default) drops the last
      partial batch of the epoch; drop_last=False yields it, smaller.
@@ -73,6 +80,7 @@ except ImportError:  # pragma: no cover
 STATE_FORMAT = "bertperf-loader-state/1"
 PACKED_FORMAT = "bertperf-packed/1"
 LAYOUTS = ("padded", "varlen", "packed")
+SPLITS = ("shards", "global_batch")
 _INDEX_FIELDS = ("offsets", "b_starts", "mlm_offsets", "nsp")  # small: read whole in h5py mode
 
 
@@ -477,11 +485,15 @@ class EpochPlan:
     """Which samples rank `rank` of `world_size` reads in `epoch`, in order (module docstring)."""
 
     def __init__(self, counts: np.ndarray, seed: int, epoch: int, rank: int = 0,
-                 world_size: int = 1, perm_cache: int = 8) -> None:
+                 world_size: int = 1, perm_cache: int = 8, split: str = "shards",
+                 block: int = 1) -> None:
         if seed < 0 or epoch < 0:
             raise ValueError("seed and epoch must be non-negative")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+        if split not in SPLITS or block < 1:
+            raise ValueError(f"split must be one of {SPLITS} and block >= 1")
+        self.split, self.block = split, block
         self.counts = np.asarray(counts, dtype=np.int64)
         self.seed, self.epoch, self.rank, self.world_size = seed, epoch, rank, world_size
         self.shard_order = permutation(len(self.counts), seed, epoch, 0)
@@ -507,9 +519,32 @@ class EpochPlan:
         """This rank's samples at positions start..stop-1, as (shard, rows) runs in stream order."""
         start, stop = max(0, start), min(stop, self.length)
         out: list[tuple[int, np.ndarray]] = []
+        for g0, g1 in self.global_ranges(start, stop):
+            self._refs(g0, g1, out)
+        return out
+
+    def global_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """This rank's positions start..stop-1 as [g0, g1) ranges of the epoch's global stream."""
         if stop <= start:
-            return out
-        g0, g1 = self.start + start, self.start + stop
+            return []
+        if self.split == "shards":
+            return [(self.start + start, self.start + stop)]
+        b, w, r = self.block, self.world_size, self.rank
+        full = self.length // b  # whole global batches; then one partial of w*m samples
+        out, p = [], start
+        while p < stop:
+            k = p // b
+            if k < full:
+                base_local, size, base = k * b, b, k * w * b + r * b
+            else:
+                base_local, size = full * b, self.length - full * b
+                base = full * w * b + r * size
+            end = min(stop, base_local + size)
+            out.append((base + p - base_local, base + end - base_local))
+            p = end
+        return out
+
+    def _refs(self, g0: int, g1: int, out: list) -> None:
         j = int(np.searchsorted(self.cum, g0, side="right")) - 1
         while j < len(self.shard_order) and self.cum[j] < g1:
             lo, hi = int(self.cum[j]), int(self.cum[j + 1])
@@ -518,7 +553,6 @@ class EpochPlan:
                 shard = int(self.shard_order[j])
                 out.append((shard, self.shard_permutation(shard)[a:b]))
             j += 1
-        return out
 
     def shards(self) -> list[int]:
         """The shards this rank touches this epoch, in reading order."""
@@ -587,7 +621,8 @@ class ShardLoader:
     def __init__(self, dataset: ShardDataset, batch_size: int, *, rank: int = 0,
                  world_size: int = 1, seed: int = 0, epoch: int = 0, start_sample: int = 0,
                  layout: str | None = None, drop_last: bool = True, prefetch: int = 2,
-                 max_seq_length: int | None = None, max_pred: int | None = None) -> None:
+                 max_seq_length: int | None = None, max_pred: int | None = None,
+                 split: str = "shards") -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         layout = layout or ("packed" if dataset.packed else "padded")
@@ -600,6 +635,9 @@ class ShardLoader:
             raise ValueError("seed, epoch and start_sample must be non-negative")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+        self.split = split
         self.dataset, self.batch_size = dataset, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.layout, self.drop_last, self.prefetch = layout, drop_last, max(0, prefetch)
@@ -612,9 +650,12 @@ class ShardLoader:
     def plan(self, epoch: int | None = None) -> EpochPlan:
         epoch = self.epoch if epoch is None else epoch
         if self._plan is None or self._plan.epoch != epoch:
-            self._plan = EpochPlan(self.dataset.counts, self.seed, epoch, self.rank,
-                                   self.world_size)
+            self._plan = self.new_plan(epoch)
         return self._plan
+
+    def new_plan(self, epoch: int) -> EpochPlan:
+        return EpochPlan(self.dataset.counts, self.seed, epoch, self.rank, self.world_size,
+                         split=self.split, block=self.batch_size)
 
     @property
     def samples_per_epoch(self) -> int:
@@ -663,8 +704,7 @@ class ShardLoader:
             q: queue.Queue = queue.Queue(maxsize=self.prefetch)
             stop_event = threading.Event()
             # the producer gets its own plan object, so the caller may inspect self.plan() meanwhile
-            producer_plan = EpochPlan(self.dataset.counts, self.seed, epoch, self.rank,
-                                      self.world_size)
+            producer_plan = self.new_plan(epoch)
 
             def produce() -> None:
                 try:
@@ -710,18 +750,23 @@ class ShardLoader:
     def state_dict(self) -> dict:
         return {"format": STATE_FORMAT, "seed": self.seed, "epoch": self.epoch,
                 "position": self.position, "rank": self.rank, "world_size": self.world_size,
+                "split": self.split, "batch_size": self.batch_size,
                 "samples": self.dataset.num_samples, "fingerprint": self.dataset.fingerprint()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("format") != STATE_FORMAT:
             raise UserError(f"loader state: unknown format {state.get('format')!r}")
-        for key, mine in (("seed", self.seed), ("rank", self.rank),
-                          ("world_size", self.world_size),
-                          ("fingerprint", self.dataset.fingerprint())):
-            if state[key] != mine:
-                raise UserError(f"loader state: {key} {state[key]!r} differs from this loader's "
-                                f"{mine!r}; exact resume needs the same shards, seed, rank and "
-                                "world size")
+        checks = [("seed", self.seed), ("rank", self.rank), ("world_size", self.world_size),
+                  ("fingerprint", self.dataset.fingerprint()),
+                  ("split", self.split)]  # states without "split" are "shards" states
+        if self.split == "global_batch":  # the split's blocks are batch_size long
+            checks.append(("batch_size", self.batch_size))
+        for key, mine in checks:
+            got = state.get(key, "shards") if key == "split" else state.get(key)
+            if got != mine:
+                raise UserError(f"loader state: {key} {got!r} differs from this loader's "
+                                f"{mine!r}; exact resume needs the same shards, seed, rank, "
+                                "world size and split (and batch size for split global_batch)")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def close(self) -> None:

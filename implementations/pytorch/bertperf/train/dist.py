@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,12 @@ class Dist:
         return out
 
     def close(self) -> None:
+        """Leave the group. The barrier and the pause let gloo's worker threads finish releasing
+        the last collectives' tensors (which takes the GIL) before the group's destructor joins
+        those threads while holding the GIL; without them a rank could hang at exit."""
         if self.active and tdist.is_initialized():
+            tdist.barrier()
+            time.sleep(0.2)
             tdist.destroy_process_group()
 
 
@@ -39,9 +45,12 @@ def init(cfg: DistConfig, device: torch.device) -> Dist:
     if cfg.world_size > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        # torchrun: its agent serves the store on MASTER_ADDR:MASTER_PORT, join it (env://);
+        # srun / mpirun / hand-set RANK+WORLD_SIZE: rank 0 opens the store there (tcp://).
+        init_method = "env://" if cfg.launcher_store else \
+            f"tcp://{cfg.master_addr}:{cfg.master_port}"
         tdist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
+            backend="nccl" if device.type == "cuda" else "gloo", init_method=init_method,
             rank=cfg.rank, world_size=cfg.world_size,
             timeout=datetime.timedelta(seconds=cfg.timeout_s))
     return Dist(cfg.rank, cfg.world_size)

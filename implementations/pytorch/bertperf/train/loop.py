@@ -1,6 +1,14 @@
 """Init and the training loop. One optimizer step = GRADIENT_STEPS micro-batches of BATCHSIZE
-sequences per rank, each loss divided by GRADIENT_STEPS and backpropagated into the same grads
-(DDP reduces them on the last one), then a clipped LAMB step and a scheduler step. Evals at
+sequences per rank, backpropagated into the same grads (DDP reduces them on the last one), then a
+clipped LAMB step and a scheduler step.
+
+Loss normalisation (train_step): the step's loss is the MLM cross-entropy summed over every masked
+token of the step (all micro-batches, all ranks) divided by their number, plus the NSP
+cross-entropy summed over every sequence divided by theirs; the counts are all-reduced before
+backward. The MLPerf reference instead takes each micro-batch's mean and lets DDP average them,
+which equals the global mean only when every micro-batch holds the same number of masked tokens;
+with the global counts a W-rank run over the loader's global batches (LOADER_SPLIT=global_batch)
+computes the same gradient as a 1-rank run over the same global batch. Evals at
 EVAL_ITER_START_SAMPLES and every EVAL_ITER_SAMPLES after; the run stops with status success at
 the first eval >= target, aborted at MAX_SAMPLES_TERMINATION or MAX_STEPS, and aborted with exit
 status 1 on a non-finite loss."""
@@ -17,6 +25,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
+import torch.nn.functional as F  # noqa: N812
 from mlperf_logging.mllog import constants as C  # noqa: N812
 from torch.nn.parallel import DistributedDataParallel
 
@@ -87,7 +96,7 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
         if cfg.train.precision == "fp16" else None
     loader = ShardLoader(ShardDataset.from_folder(cfg.data.train_dir), cfg.train.batch_size,
                          rank=dist.rank, world_size=dist.world_size, seed=cfg.train.seed,
-                         layout="varlen", prefetch=cfg.data.prefetch)
+                         layout="varlen", prefetch=cfg.data.prefetch, split=cfg.data.loader_split)
     eval_share, eval_total = load_eval_share(cfg.data.eval_file, dist.rank, dist.world_size)
     seed_everything(cfg.train.seed + dist.rank)  # dropout differs between ranks
 
@@ -114,15 +123,25 @@ def micro_batches(loader: ShardLoader, device: torch.device) -> Iterator[dict]:
 
 
 def train_step(t: Trainer, batches: Iterator[dict]) -> torch.Tensor:
-    """One optimizer step; returns [loss summed over micro-batches / GA, tokens] of this rank."""
+    """One optimizer step; returns [this rank's share of the step's loss * world size, tokens]
+    (summed over ranks and divided by world size: the step's loss; module docstring)."""
     ga = t.cfg.train.gradient_steps
     stats = torch.zeros(2, dtype=torch.float64, device=t.device)
-    for i in range(ga):
-        batch = next(batches)
+    micro = [next(batches) for _ in range(ga)]
+    counts = t.dist.sum(torch.tensor(
+        [[b["masked_lm_ids"].numel(), b["next_sentence_labels"].numel()] for b in micro],
+        dtype=torch.float64, device=t.device).sum(0))
+    # DDP averages gradients over ranks: * world_size makes that average the global sum
+    mlm_div, nsp_div = (counts.clamp(min=1) / t.dist.world_size).tolist()
+    for i, batch in enumerate(micro):
         sync = i == ga - 1 or not t.dist.active
         with (contextlib.nullcontext() if sync else t.model.no_sync()):
             with t.autocast():
-                loss = t.model(**batch).loss / ga
+                out = t.model(**batch)
+                loss = F.cross_entropy(out.mlm_logits.float(), batch["masked_lm_ids"].long(),
+                                       reduction="sum") / mlm_div + \
+                    F.cross_entropy(out.nsp_logits.float(), batch["next_sentence_labels"].long(),
+                                    reduction="sum") / nsp_div
             (t.scaler.scale_loss(loss) if t.scaler else loss).backward()
         stats[0] += loss.detach().double()
         stats[1] += batch["input_ids"].numel()
@@ -206,4 +225,5 @@ def main(cfg: RunConfig) -> int:
         printer(f"run_stop: {status} after {samples} samples")
         return 1 if status == "nonfinite" else 0
     finally:
+        t.model = t.core  # DDP's reducer goes first, while the group is still registered
         t.dist.close()
