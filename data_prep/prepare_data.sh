@@ -16,12 +16,17 @@ set -euo pipefail
 : "${NUM_PARTS:=500}"             # label in part-XXXXX-of-NNNNN (reference: 500)
 : "${NUM_EVAL_SAMPLES:=10000}"    # reference: 10,000 eval samples
 : "${LAUNCHER:=}"                 # e.g. "mpirun -np 8" for the per-file stages
+# Sample shape: the MLPerf values unless a smaller demo asks for less (the demo uses 128/20/1).
+: "${MAX_SEQ_LENGTH:=512}"
+: "${MAX_PREDICTIONS_PER_SEQ:=76}"
+: "${DUPE_FACTOR:=10}"
 
 read -ra launch <<< "${LAUNCHER}"
 bertperf() { "${PYTHON}" -m bertperf "$@"; }
 bertperf_mpi() { "${launch[@]}" "${PYTHON}" -m bertperf "$@"; }
-mlperf_flags=(--max_seq_length=512 --max_predictions_per_seq=76 --masked_lm_prob=0.15
-              --random_seed=12345 --dupe_factor=10 --do_lower_case=true)
+mlperf_flags=(--max_seq_length="${MAX_SEQ_LENGTH}" --max_predictions_per_seq="${MAX_PREDICTIONS_PER_SEQ}"
+              --masked_lm_prob=0.15 --random_seed=12345 --dupe_factor="${DUPE_FACTOR}"
+              --do_lower_case=true)
 
 if [[ -n "${WIKI_DIR:-}" ]]; then
   TEXT_DIR="${OUT_DIR}/text"
@@ -38,11 +43,18 @@ bertperf_mpi prep create --input_dir "${TEXT_DIR}" --output_dir "${OUT_DIR}/hdf5
 bertperf prep create --input_file "${TEXT_DIR}/eval.txt" --output_file "${OUT_DIR}/hdf5/eval/eval_all.hdf5" \
   --vocab_file "${VOCAB}" "${mlperf_flags[@]}"
 bertperf prep eval --input_file "${OUT_DIR}/hdf5/eval/eval_all.hdf5" \
-  --output_file "${OUT_DIR}/hdf5/eval/eval_10k.hdf5" --num_examples_to_pick "${NUM_EVAL_SAMPLES}"
+  --output_file "${OUT_DIR}/hdf5/eval/eval_10k.hdf5" --num_examples_to_pick "${NUM_EVAL_SAMPLES}" \
+  --max_seq_length "${MAX_SEQ_LENGTH}" --max_predictions_per_seq "${MAX_PREDICTIONS_PER_SEQ}"
+
+# The trainer's input: the training samples without padding (docs/data_format.md).
+bertperf_mpi prep unpad --input "${OUT_DIR}/hdf5/training" --output "${OUT_DIR}/unpadded" \
+  --max_seq_length "${MAX_SEQ_LENGTH}" --max_predictions_per_seq "${MAX_PREDICTIONS_PER_SEQ}" \
+  --workers "${WORKERS}"
 
 folders=("${OUT_DIR}/hdf5/training" "${OUT_DIR}/hdf5/eval")
 if [[ -n "${WIKI_DIR:-}" ]]; then
   folders=("${OUT_DIR}/clean" "${OUT_DIR}/segmented" "${TEXT_DIR}" "${folders[@]}")
 fi
 bertperf prep verify --vocab_file "${VOCAB}" "${folders[@]}"
-echo "prepare_data: done; training samples in ${OUT_DIR}/hdf5/training, eval set ${OUT_DIR}/hdf5/eval/eval_10k.hdf5"
+echo "prepare_data: done; training samples in ${OUT_DIR}/hdf5/training (unpadded: ${OUT_DIR}/unpadded)," \
+  "eval set ${OUT_DIR}/hdf5/eval/eval_10k.hdf5"

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from bertperf.kernels import (bias_gelu, bias_gelu_reference, dropout_add_layer_norm,
                               dropout_add_layer_norm_reference, varlen_attention,
-                              varlen_attention_reference, varlen_attention_sdpa)
+                              varlen_attention_padded, varlen_attention_reference,
+                              varlen_attention_sdpa)
 
 F64 = dict(dtype=torch.float64)
 
@@ -121,9 +122,31 @@ def test_varlen_sdpa_matches_reference(lengths):
                         lambda *a: varlen_attention_reference(*a, cu, m), [q, k, v])
 
 
-def test_varlen_attention_on_cpu_is_the_reference():
+@pytest.mark.parametrize("lengths", [LENGTHS, [16, 16], [1, 1, 1], [5]])
+def test_varlen_padded_matches_reference(lengths):
+    (q, k, v), cu, m = qkv_for(lengths, seed=len(lengths))
+    assert_same_fwd_bwd(lambda *a: varlen_attention_padded(*a, cu, m, scale=0.3),
+                        lambda *a: varlen_attention_reference(*a, cu, m, scale=0.3), [q, k, v])
+
+
+def test_varlen_attention_on_cpu_is_the_padded_path():
     (q, k, v), cu, m = qkv_for(LENGTHS)
-    assert torch.equal(varlen_attention(q, k, v, cu, m), varlen_attention_reference(q, k, v, cu, m))
+    assert torch.equal(varlen_attention(q, k, v, cu, m), varlen_attention_padded(q, k, v, cu, m))
+
+
+def test_varlen_padded_dropout_keeps_sequences_apart():
+    """With dropout the padded path still mixes only a sequence's own tokens, and dropout acts
+    (the same seed gives the same output)."""
+    (q, k, v), cu, m = qkv_for([40, 24])
+    torch.manual_seed(3)
+    a = varlen_attention_padded(q, k, v, cu, m, dropout_p=0.5)
+    torch.manual_seed(3)
+    assert torch.equal(a, varlen_attention_padded(q, k, v, cu, m, dropout_p=0.5))
+    assert not torch.allclose(a, varlen_attention_padded(q, k, v, cu, m))
+    v2 = v.detach().clone()
+    v2[40:] += 1.0  # the second sequence's values must not reach the first's outputs
+    torch.manual_seed(3)
+    torch.testing.assert_close(varlen_attention_padded(q, k, v2, cu, m, dropout_p=0.5)[:40], a[:40])
 
 
 def test_varlen_reference_dropout():

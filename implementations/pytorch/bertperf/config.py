@@ -19,6 +19,7 @@ from bertperf.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 LOADER_SPLITS = ("global_batch", "shards")
+VERIFY_MODES = ("md5", "size", "none")
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
@@ -42,6 +43,19 @@ def vocab_override(environ: Mapping[str, str] | None = None) -> str | None:
     environ = os.environ if environ is None else environ
     return environ.get("BERTPERF_VOCAB") or None
 MODEL_SIZES = ("large", "tiny")
+
+
+def yes_no(text: str) -> bool:
+    """A yes/no variable: 1/true/yes/on or 0/false/no/off."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+yes_no.what = "yes/no value (1/0, true/false, yes/no, on/off)"
 
 
 def _var(env: str, conv: Callable[[str], Any], default: Any = None) -> Any:
@@ -69,6 +83,13 @@ class ModelConfig:
                               num_attention_heads=2, intermediate_size=512)
         return BertConfig.from_json(self.bert_config)
 
+    init_checkpoint: Path | None = _var("INIT_CHECKPOINT", Path)
+    """Weights to start from: a TF1 checkpoint prefix (MLPerf's model.ckpt-28252, read without
+    TensorFlow) or a `convert-ckpt` output (.pt); unset = random init (seeded by SEED)."""
+    init_eval: bool = _var("INIT_EVAL", yes_no, True)
+    """With INIT_CHECKPOINT: evaluate right after loading it (during init, not logged as an MLPerf
+    eval) and warn when a BERT-large checkpoint is far from the reference's 0.34085."""
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -78,6 +99,9 @@ class DataConfig:
     """The padded eval HDF5 file (`eval_10k.hdf5`); every sample of it is evaluated."""
     prefetch: int = _var("PREFETCH", int, 2)
     """Training batches built ahead on the loader's thread (0 = none)."""
+    verify: str = _var("DATA_VERIFY", str, "md5")
+    """Check the shards and the eval file against their folders' MANIFEST.json before training
+    (bertperf.train.preflight): "md5" (sizes, and md5s spread over the ranks), "size" or "none"."""
     loader_split: str = _var("LOADER_SPLIT", str, "global_batch")
     """How ranks share the epoch (bertperf.data.loader): "global_batch" (default): each global
     batch of WORLD_SIZE*BATCHSIZE consecutive samples of the one epoch stream is cut into per-rank
@@ -261,7 +285,8 @@ def _parse(environ: Mapping[str, str], key: str, conv: Callable[[str], Any]) -> 
     try:
         return conv(environ[key])
     except ValueError:
-        raise UserError(f"{key}={environ[key]!r} is not a valid {conv.__name__}") from None
+        what = getattr(conv, "what", conv.__name__)
+        raise UserError(f"{key}={environ[key]!r} is not a valid {what}") from None
 
 
 def load(environ: Mapping[str, str], flags: Mapping[str, str] | None = None) -> RunConfig:
@@ -309,6 +334,13 @@ def validate(cfg: RunConfig) -> None:
     if cfg.model.bert_config not in MODEL_SIZES and not Path(cfg.model.bert_config).is_file():
         raise UserError(f"BERT_CONFIG {cfg.model.bert_config!r} is neither "
                         f"{' nor '.join(MODEL_SIZES)} nor an existing file")
+    if cfg.data.verify not in VERIFY_MODES:
+        raise UserError(f"DATA_VERIFY must be one of {', '.join(VERIFY_MODES)}, "
+                        f"not {cfg.data.verify!r}")
+    init = cfg.model.init_checkpoint
+    if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
+        raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "
+                        f"({init}.index)")
     _validate_checkpoint(cfg.checkpoint)
 
 

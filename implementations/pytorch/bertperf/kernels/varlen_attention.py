@@ -24,12 +24,12 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      scale: float | None = None) -> torch.Tensor:
     """Attention of each sequence over itself, by the fastest path for the device and arguments:
     CUDA without dropout in fp16/bf16 -> `varlen_attention_flash`; other CUDA cases ->
-    `varlen_attention_sdpa`; any other device -> `varlen_attention_reference`."""
+    `varlen_attention_sdpa`; any other device -> `varlen_attention_padded`."""
     if q.is_cuda:
         if dropout_p == 0.0 and flash_supported(q):
             return varlen_attention_flash(q, k, v, cu_seqlens, max_seqlen, scale)
         return varlen_attention_sdpa(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale)
-    return varlen_attention_reference(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale)
+    return varlen_attention_padded(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale)
 
 
 def flash_supported(q: torch.Tensor) -> bool:
@@ -65,6 +65,31 @@ def varlen_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), dropout_p=dropout_p,
                                          scale=scale)
     return out.transpose(1, 2).values()
+
+
+def varlen_attention_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0,
+                            scale: float | None = None) -> torch.Tensor:
+    """The CPU path: the sequences scattered into a zero-padded [S, H, max_seqlen, D] batch, one
+    batched `scaled_dot_product_attention` with padding keys masked out, and the real rows
+    gathered back. Costs S * max_seqlen^2 instead of sum(L^2), but runs as a few large kernels;
+    the per-sequence loop of the reference spends most of its backward zero-filling and adding
+    [T, H, D] gradients once per sequence (6 s vs 0.3 s per step of the tiny demo model)."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    num_seqs, (total, heads, dim) = len(lengths), q.shape
+    seq = torch.repeat_interleave(torch.arange(num_seqs, device=q.device), lengths,
+                                  output_size=total)
+    slot = seq * max_seqlen + torch.arange(total, device=q.device) - cu_seqlens.long()[seq]
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [S, H, L, D]
+        out = x.new_zeros(num_seqs * max_seqlen, heads, dim).index_copy(0, slot, x)
+        return out.view(num_seqs, max_seqlen, heads, dim).transpose(1, 2)
+
+    keys = torch.arange(max_seqlen, device=q.device)[None, :] < lengths[:, None]  # [S, L]
+    out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v),
+                                         attn_mask=keys[:, None, None, :], dropout_p=dropout_p,
+                                         scale=scale)
+    return out.transpose(1, 2).reshape(num_seqs * max_seqlen, heads, dim).index_select(0, slot)
 
 
 def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -9,6 +9,7 @@ import argparse
 import importlib
 
 STAGES = {
+    "dictd": "bertperf.prep.dictd",
     "clean": "bertperf.prep.clean",
     "segment": "bertperf.prep.segment",
     "split": "bertperf.prep.split",

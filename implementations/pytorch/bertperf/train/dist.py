@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import signal
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as tdist
 
 from bertperf.config import DistConfig
+from bertperf.errors import UserError
 
 
 @dataclass
@@ -54,3 +58,30 @@ def init(cfg: DistConfig, device: torch.device) -> Dist:
             rank=cfg.rank, world_size=cfg.world_size,
             timeout=datetime.timedelta(seconds=cfg.timeout_s))
     return Dist(cfg.rank, cfg.world_size)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+@contextlib.contextmanager
+def failures_as_errors(rank: int) -> Iterator[None]:
+    """Turn the ways a job dies around this rank into one-line UserErrors naming the rank:
+    SIGTERM (torchrun, mpirun or Slurm stopping the job, e.g. after another rank failed or at the
+    time limit) and a failed collective (a peer that died; gloo notices at once, NCCL and a
+    silent peer after DIST_TIMEOUT)."""
+    def on_sigterm(signum, frame):
+        raise UserError(f"rank {rank}: stopped by SIGTERM (the launcher or Slurm ended the job)")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except RuntimeError as exc:  # DistBackendError and the other torch.distributed errors
+        if isinstance(exc, tdist.DistError) or any(
+                word in str(exc) for word in ("gloo", "Gloo", "NCCL", "Connection closed")):
+            raise UserError(f"rank {rank}: a collective failed ({_first_line(exc)}); "
+                            "did another rank die?") from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -36,11 +36,12 @@ from bertperf.mlperf.log import MLPerfLogger
 from bertperf.model import BertForPreTraining, UnpaddedBatch
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
                             mlperf_hparams, param_groups, resolve_warmup)
-from bertperf.train import checkpoint
+from bertperf.train import checkpoint, preflight, warmstart
 from bertperf.train import dist as distributed
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MLPERF_EVAL_SAMPLES = 10_000
 
 
 @dataclass
@@ -61,8 +62,14 @@ class Trainer:
     log: MLPerfLogger
 
     def autocast(self):
-        dtype = AUTOCAST.get(self.cfg.train.precision)
-        return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        return autocast_for(self.cfg, self.device)()
+
+
+def autocast_for(cfg: RunConfig, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:  # noqa: E501
+    """A factory of the run's autocast context (a null context in fp32)."""
+    dtype = AUTOCAST.get(cfg.train.precision)
+    return functools.partial(torch.autocast, device.type, dtype=dtype) if dtype \
+        else contextlib.nullcontext
 
 
 def pick_device(cfg: RunConfig) -> torch.device:
@@ -84,6 +91,8 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     dist = distributed.init(cfg.dist, device)
     seed_everything(cfg.train.seed)  # the same initial weights on every rank
     core = BertForPreTraining(cfg.model.build()).to(device)
+    if cfg.model.init_checkpoint is not None:
+        warmstart.load_weights(core, cfg.model.init_checkpoint)
     model = DistributedDataParallel(core, device_ids=[device] if device.type == "cuda" else None) \
         if dist.active else core
     opt = cfg.optim
@@ -98,6 +107,20 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
                          rank=dist.rank, world_size=dist.world_size, seed=cfg.train.seed,
                          layout="varlen", prefetch=cfg.data.prefetch, split=cfg.data.loader_split)
     eval_share, eval_total = load_eval_share(cfg.data.eval_file, dist.rank, dist.world_size)
+    warn = (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True)) \
+        if dist.rank == 0 else (lambda line: None)
+    preflight.verify_inputs(dist, device, loader.dataset.files, not loader.dataset.packed,
+                            cfg.data.eval_file, eval_share, eval_total,
+                            core.config.vocab_size, cfg.data.verify, warn)
+    if eval_total != MLPERF_EVAL_SAMPLES:
+        warn(f"{cfg.data.eval_file}: {eval_total} eval samples; MLPerf's eval set has "
+             f"{MLPERF_EVAL_SAMPLES:,}")
+    if cfg.model.init_checkpoint is not None and cfg.model.init_eval:
+        report = (lambda line: print(line, file=sys.stderr, flush=True)) \
+            if dist.rank == 0 else (lambda line: None)
+        warmstart.sanity_eval(lambda: mlm_accuracy(core, eval_share, cfg.train.eval_batch_size,
+                                                   dist, device, autocast_for(cfg, device)),
+                              core.config, report, warn)
     seed_everything(cfg.train.seed + dist.rank)  # dropout differs between ranks
 
     log.submission(cfg.train.submission_org, cfg.train.submission_platform)
@@ -208,22 +231,33 @@ def run_loop(t: Trainer, progress: Callable[[str], None],
 
 
 def main(cfg: RunConfig) -> int:
-    """A whole MLPerf run; 0 when it ended by a stopping rule, 1 on a non-finite loss."""
+    """A whole MLPerf run; 0 when it ended by a stopping rule, 1 on a non-finite loss. Any
+    failure after run_start (a dead rank, SIGTERM, an exception) logs run_stop with status
+    aborted before it propagates."""
     log = MLPerfLogger(cfg.log_path, rank=cfg.dist.rank, echo=False)
     log.event(C.CACHE_CLEAR, True)
     log.start(C.INIT_START)
-    t = setup(cfg, log)
-    try:
-        start = checkpoint.resume(t)  # checkpoint hook: RESUME_FROM (part of init)
-        log.end(C.INIT_STOP)
-        log.start(C.RUN_START)
-        printer = (lambda line: print(line, file=sys.stderr, flush=True)) \
-            if t.dist.rank == 0 else (lambda line: None)
-        status, samples = run_loop(t, printer, start)
-        log.event(C.TRAIN_SAMPLES, samples)
-        log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED if status == "nonfinite" else status})
-        printer(f"run_stop: {status} after {samples} samples")
-        return 1 if status == "nonfinite" else 0
-    finally:
-        t.model = t.core  # DDP's reducer goes first, while the group is still registered
-        t.dist.close()
+    with distributed.failures_as_errors(cfg.dist.rank):
+        t = setup(cfg, log)
+        finished = False
+        try:
+            start = checkpoint.resume(t)  # checkpoint hook: RESUME_FROM (part of init)
+            log.end(C.INIT_STOP)
+            log.start(C.RUN_START)
+            printer = (lambda line: print(line, file=sys.stderr, flush=True)) \
+                if t.dist.rank == 0 else (lambda line: None)
+            try:
+                status, samples = run_loop(t, printer, start)
+            except BaseException:
+                log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED})
+                raise
+            log.event(C.TRAIN_SAMPLES, samples)
+            log.end(C.RUN_STOP,
+                    metadata={C.STATUS: C.ABORTED if status == "nonfinite" else status})
+            printer(f"run_stop: {status} after {samples} samples")
+            finished = True
+            return 1 if status == "nonfinite" else 0
+        finally:
+            t.model = t.core  # DDP's reducer goes first, while the group is still registered
+            if finished:  # the closing barrier would wait for a rank that is gone
+                t.dist.close()

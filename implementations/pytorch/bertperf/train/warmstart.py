@@ -1,0 +1,45 @@
+"""Starting from MLPerf's initial checkpoint (INIT_CHECKPOINT), and the sanity eval right after.
+
+The reference notes that the masked-LM accuracy of `model.ckpt-28252` before any training "should
+be very close to 0.34085". Evaluating there catches the known failure modes early, before any
+timed work: a wrong or partly loaded checkpoint (an MLM head left at random init scores about 0),
+a wrong vocab, and stopping code that would report "target reached" at the first eval.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from bertperf.model import BertForPreTraining
+from bertperf.model.bert_config import BertConfig
+
+MLPERF_INIT_ACCURACY = 0.34085
+"""Masked-LM accuracy of model.ckpt-28252 on the 10,000-sample eval set (MLPerf reference)."""
+TOLERANCE = 0.01
+
+
+def load_weights(core: BertForPreTraining, path) -> None:
+    """Load INIT_CHECKPOINT (TF prefix or convert-ckpt output) into `core`, strictly."""
+    from bertperf.model.tf_checkpoint import load_init_checkpoint
+    state = load_init_checkpoint(path, core.config)
+    core.load_state_dict({k: v.to(core.bert.embeddings.word_embeddings.weight.device)
+                          for k, v in state.items()}, strict=True)
+
+
+def is_mlperf_shape(config: BertConfig) -> bool:
+    """Whether the model is the MLPerf checkpoint's BERT-large (so 0.34085 applies)."""
+    large = BertConfig.large()
+    return (config.vocab_size, config.hidden_size, config.num_hidden_layers) == \
+        (large.vocab_size, large.hidden_size, large.num_hidden_layers)
+
+
+def sanity_eval(evaluate: Callable[[], float], config: BertConfig,
+                report: Callable[[str], None], warn: Callable[[str], None]) -> float:
+    """Evaluate the freshly loaded weights; warn when a BERT-large checkpoint is not within
+    TOLERANCE of MLPERF_INIT_ACCURACY."""
+    accuracy = evaluate()
+    report(f"init checkpoint: mlm accuracy {accuracy:.5f} before training")
+    if is_mlperf_shape(config) and abs(accuracy - MLPERF_INIT_ACCURACY) > TOLERANCE:
+        warn(f"init checkpoint: mlm accuracy {accuracy:.5f} is far from the reference's "
+             f"{MLPERF_INIT_ACCURACY} for model.ckpt-28252 (wrong checkpoint, vocab or eval set?)")
+    return accuracy

@@ -1,0 +1,179 @@
+"""Faults around a real `python -m bertperf train`: each ends in a one-line error naming the file
+or the rank, a non-zero exit, run_stop with status aborted where the run had started, and never
+a hang (every launch has a wall-clock limit, DIST_TIMEOUT bounds each collective)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from bertperf.prep import manifest
+from tests.e2e.test_train_ddp import base_env, free_port
+from tests.unit.test_train import make_dataset
+
+TRAIN = [sys.executable, "-m", "bertperf", "train"]
+
+
+@pytest.fixture
+def data(tmp_path) -> dict:
+    """The copy-task data with manifests, as the prep stages write them."""
+    env = make_dataset(tmp_path / "data", n_train=256, shards=2)
+    train, eval_file = Path(env["DATADIR_PHASE2"]), Path(env["EVAL_FILE"])
+    for path in [*sorted(train.glob("*.h5")), eval_file]:
+        with h5py.File(path, "r") as f:
+            count = len(f["nsp"] if "nsp" in f else f["next_sentence_labels"])
+        manifest.record(path.parent, path.name, manifest.entry_for(path, "test", "-", count))
+    manifest.finalize(train)
+    manifest.finalize(eval_file.parent)
+    return env
+
+
+def run(env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(TRAIN, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def keys(log: Path) -> list[tuple[str, dict]]:
+    if not log.exists():
+        return []
+    return [(e["key"], e.get("metadata", {})) for e in
+            (json.loads(l.split(":::MLLOG ", 1)[1]) for l in log.read_text().splitlines()
+             if ":::MLLOG " in l)]
+
+
+def error_line(stderr: str) -> str:
+    lines = [l for l in stderr.splitlines() if l.startswith("bertperf: error:")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def test_corrupt_shard_is_named_before_the_run_starts(data, tmp_path):
+    shard = Path(data["DATADIR_PHASE2"]) / "part_1.h5"
+    raw = bytearray(shard.read_bytes())
+    raw[-100] ^= 0xFF  # same size: only the md5 can tell
+    shard.write_bytes(raw)
+    result = run(base_env(data, tmp_path, 1), tmp_path)
+    assert result.returncode == 1
+    assert str(shard) in error_line(result.stderr) and "md5" in result.stderr
+    assert "run_start" not in [k for k, _ in keys(tmp_path / "result_0.txt")]
+
+
+def test_data_verify_size_skips_the_md5s(data, tmp_path):
+    """A manifest md5 that disagrees with an intact shard: md5 mode refuses, size mode starts."""
+    folder = Path(data["DATADIR_PHASE2"])
+    doc = json.loads((folder / "MANIFEST.json").read_text())
+    doc["files"]["part_0.h5"]["md5"] = "0" * 32
+    (folder / "MANIFEST.json").write_text(json.dumps(doc))
+    result = run(base_env(data, tmp_path, 1), tmp_path)
+    assert result.returncode == 1 and "part_0.h5" in error_line(result.stderr)
+    ok = run({**base_env(data, tmp_path, 1), "DATA_VERIFY": "size", "MAX_STEPS": "2"}, tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+
+
+def test_truncated_shard_and_missing_shard(data, tmp_path):
+    folder = Path(data["DATADIR_PHASE2"])
+    with open(folder / "part_0.h5", "r+b") as f:
+        f.truncate(1000)
+    result = run(base_env(data, tmp_path, 1), tmp_path)
+    assert result.returncode == 1 and "part_0.h5" in error_line(result.stderr)
+    (folder / "part_0.h5").unlink()
+    (folder / "part_1.h5").unlink()
+    result = run(base_env(data, tmp_path, 1), tmp_path)
+    assert result.returncode == 1 and str(folder) in error_line(result.stderr)
+
+
+def test_truncated_eval_set_is_refused(data, tmp_path):
+    """An eval file with fewer samples than its manifest recorded (cut by hand, same name)."""
+    path = Path(data["EVAL_FILE"])
+    with h5py.File(path, "r") as f:
+        arrays = {k: f[k][()] for k in f}
+    with h5py.File(path, "w") as f:
+        for k, v in arrays.items():
+            f[k] = v[:40]
+    result = run({**base_env(data, tmp_path, 1), "DATA_VERIFY": "none"}, tmp_path)
+    assert result.returncode == 1
+    assert str(path) in error_line(result.stderr) and "40 eval samples" in result.stderr
+
+
+def test_vocab_config_mismatch_is_named(data, tmp_path):
+    config = json.loads(Path(data["BERT_CONFIG"]).read_text())
+    config["vocab_size"] = 8  # the copy task's token ids go up to 35
+    small = tmp_path / "small_vocab.json"
+    small.write_text(json.dumps(config))
+    result = run({**base_env(data, tmp_path, 1), "BERT_CONFIG": str(small)}, tmp_path)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "vocab_size 8" in line and data["EVAL_FILE"] in line
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_a_rank_that_dies_stops_the_job(data, tmp_path):
+    """Rank 1 is killed (SIGKILL) mid-training; rank 0 must exit non-zero within seconds with an
+    error naming its rank, and its MLPerf log must end with run_stop aborted."""
+    port = str(free_port())
+    env = {**base_env(data, tmp_path, 2), "MAX_STEPS": "100000", "EVAL_ITER_SAMPLES": "100000",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
+    procs = [subprocess.Popen(TRAIN, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) for r in range(2)]
+    log = tmp_path / "result_0.txt"
+    try:
+        wait_for(lambda: "run_start" in [k for k, _ in keys(log)], 90, "run_start")
+        time.sleep(1.0)
+        os.killpg(procs[1].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, stderr = procs[0].communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert procs[0].returncode == 1, stderr[-3000:]
+    assert error_line(stderr).startswith("bertperf: error: rank 0:")
+    stops = [m for k, m in keys(log) if k == "run_stop"]
+    assert stops == [{"status": "aborted"}] or stops[0].get("status") == "aborted"
+    assert took < 60
+
+
+def test_sigterm_logs_an_aborted_run(data, tmp_path):
+    """Slurm's time limit and the launchers stop a job with SIGTERM: the log still closes."""
+    env = {**base_env(data, tmp_path, 1), "MAX_STEPS": "100000", "EVAL_ITER_SAMPLES": "100000"}
+    proc = subprocess.Popen(TRAIN, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tmp_path / "result_0.txt"
+    try:
+        wait_for(lambda: "run_start" in [k for k, _ in keys(log)], 90, "run_start")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert "SIGTERM" in error_line(stderr)
+    assert [m.get("status") for k, m in keys(log) if k == "run_stop"] == ["aborted"]
+
+
+def test_nothing_is_left_half_written(data, tmp_path):
+    """A failing run leaves no temporary files in the checkpoint folder."""
+    env = {**base_env(data, tmp_path, 1), "BERT_CONFIG": str(tmp_path / "missing.json")}
+    result = run(env, tmp_path)
+    assert result.returncode == 1 and "missing.json" in error_line(result.stderr)
+    assert not list(tmp_path.rglob(".*.tmp-*"))
+
