@@ -49,8 +49,13 @@ def checker(log: Path) -> subprocess.CompletedProcess:
 
 
 def test_converging_run_passes_the_checker(tmp_path):
-    run, log = train(tmp_path)
+    """...with our extra train_loss events in the log, and its --plot PNG beside it."""
+    run, log = train(tmp_path, PLOT="1")
     assert run.returncode == 0, run.stderr[-3000:]
+    png = Path(f"{log}.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in run.stderr
+    losses = [e for e in events(log) if e["key"] == "train_loss"]
+    assert 0 < len(losses) == run.stderr.count("tokens/s")  # one per progress line
     ev = events(log)
     stop = [e for e in ev if e["key"] == "run_stop"]
     assert stop[0]["metadata"]["status"] == "success"

@@ -10,6 +10,7 @@ from bertperf.errors import UserError
 
 def build_parser() -> argparse.ArgumentParser:
     from bertperf.bench.cli import add_bench_parser
+    from bertperf.mlperf.plot import add_plot_parser
     from bertperf.prep.cli import add_prep_parser
     from bertperf.train.cli import add_train_parser
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prep_parser(sub)
     add_bench_parser(sub)
     add_train_parser(sub)
+    add_plot_parser(sub)
     return parser
 
 

@@ -168,6 +168,9 @@ class TrainConfig:
     """submission_org of the MLPerf log."""
     submission_platform: str = _var("SUBMISSION_PLATFORM", str, "unknown")
     """submission_platform of the MLPerf log."""
+    plot: bool = _var("PLOT", yes_no, False)
+    """At the end of the run, draw loss and accuracy curves into <MLPerf log>.png
+    (`python -m bertperf plot` draws them from any log)."""
 
 
 # ---- checkpoints (bertperf.train.checkpoint) ---------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bertperf.config import load, process_environment, tunables
+from bertperf.config import load, process_environment, tunables, yes_no
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -12,9 +12,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        description="Every flag has an environment variable (named in its help); "
                                    "a flag wins over its variable.")
     for section, f in tunables():
+        switch = {"nargs": "?", "const": "1"} if f.metadata["conv"] is yes_no else {}
         p.add_argument("--" + f.name.replace("_", "-"), dest=f"{section}.{f.name}",
                        default=argparse.SUPPRESS, metavar=f.metadata["env"],
-                       help=f"env {f.metadata['env']}")
+                       help=f"env {f.metadata['env']}", **switch)
     p.set_defaults(func=run)
 
 

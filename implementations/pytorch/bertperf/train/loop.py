@@ -21,6 +21,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -33,6 +34,7 @@ from bertperf.config import RunConfig
 from bertperf.data.loader import ShardDataset, ShardLoader
 from bertperf.data.samples import Samples
 from bertperf.mlperf.log import MLPerfLogger
+from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
 from bertperf.model import BertForPreTraining, UnpaddedBatch
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
                             mlperf_hparams, param_groups, resolve_warmup)
@@ -204,9 +206,11 @@ def run_loop(t: Trainer, progress: Callable[[str], None],
         if cfg.train.log_every and step % cfg.train.log_every == 0:
             dt = time.perf_counter() - tick
             n = step - tick_step
-            progress(f"step {step} samples {samples} loss {loss:.4f} "
-                     f"lr {t.optimizer.param_groups[0]['lr']:.3e} "
+            lr = t.optimizer.param_groups[0]["lr"]
+            progress(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} "
                      f"seq/s {n * gbs / dt:.1f} tokens/s {tick_tokens / dt:.0f}")
+            log.event(TRAIN_LOSS, loss, metadata={"samples_count": samples, "step": step,
+                                                  "lr": lr})
             tick, tick_step, tick_tokens = time.perf_counter(), step, 0.0
         evaluated = samples >= next_eval
         if evaluated:
@@ -255,6 +259,10 @@ def main(cfg: RunConfig) -> int:
             log.end(C.RUN_STOP,
                     metadata={C.STATUS: C.ABORTED if status == "nonfinite" else status})
             printer(f"run_stop: {status} after {samples} samples")
+            if cfg.train.plot and t.dist.rank == 0:
+                png = plot_log(cfg.log_path, Path(f"{cfg.log_path}.png"),
+                               cfg.train.target_accuracy)
+                printer(f"plot: {png}")
             finished = True
             return 1 if status == "nonfinite" else 0
         finally:
