@@ -11,6 +11,7 @@ from bertperf.errors import UserError
 def build_parser() -> argparse.ArgumentParser:
     from bertperf.bench.cli import add_bench_parser
     from bertperf.mlperf.plot import add_plot_parser
+    from bertperf.model.convert_cli import add_convert_parser
     from bertperf.prep.cli import add_prep_parser
     from bertperf.train.cli import add_train_parser
 
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_train_parser(sub)
     add_plot_parser(sub)
+    add_convert_parser(sub)
     return parser
 
 

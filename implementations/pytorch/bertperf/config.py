@@ -168,6 +168,9 @@ class TrainConfig:
     """submission_org of the MLPerf log."""
     submission_platform: str = _var("SUBMISSION_PLATFORM", str, "unknown")
     """submission_platform of the MLPerf log."""
+    cache_clear: bool = _var("CACHE_CLEAR", yes_no, False)
+    """Whether the launcher dropped the page cache before this run (run.sub / run_and_time.sh
+    set it); logged as MLPerf's cache_clear."""
     plot: bool = _var("PLOT", yes_no, False)
     """At the end of the run, draw loss and accuracy curves into <MLPerf log>.png
     (`python -m bertperf plot` draws them from any log)."""
@@ -344,6 +347,10 @@ def validate(cfg: RunConfig) -> None:
     if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
         raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "
                         f"({init}.index)")
+    model = cfg.model.build()
+    if (model.vocab_size, model.hidden_size, model.num_hidden_layers) == (30522, 1024, 24):
+        from bertperf.mlperf.rcp import check_global_batch  # BERT-large: the benchmark itself
+        check_global_batch(cfg.global_batch_size)
     _validate_checkpoint(cfg.checkpoint)
 
 

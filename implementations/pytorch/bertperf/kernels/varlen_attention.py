@@ -13,10 +13,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:  # FlashAttention's varlen kernels (torch >= 2.10); their dropout is fixed at 0
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # pragma: no cover - older torch
-    varlen_attn = None
+
+
+def _varlen_attn():
+    """torch.nn.attention.varlen.varlen_attn (FlashAttention's varlen kernels, torch >= 2.10;
+    dropout fixed at 0), or None. Imported on first CUDA use: the module pulls in the compiler
+    stack (seconds of start-up that CPU runs do not need)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # pragma: no cover - older torch
+        return None
+    return varlen_attn
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -34,7 +41,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 def flash_supported(q: torch.Tensor) -> bool:
     """Whether `varlen_attention_flash` takes q (and k, v of the same kind)."""
-    return (varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    return (q.is_cuda and _varlen_attn() is not None
+            and q.dtype in (torch.float16, torch.bfloat16)
             and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
             and torch.cuda.get_device_capability(q.device) >= (8, 0))
 
@@ -44,6 +52,7 @@ def varlen_attention_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            scale: float | None = None) -> torch.Tensor:
     """`torch.nn.attention.varlen.varlen_attn` (FlashAttention / cuDNN varlen kernels, forward
     and backward); CUDA, fp16/bf16, no dropout."""
+    varlen_attn = _varlen_attn()
     if varlen_attn is None:
         raise RuntimeError("torch.nn.attention.varlen.varlen_attn needs torch >= 2.10")
     cu = cu_seqlens.to(torch.int32)

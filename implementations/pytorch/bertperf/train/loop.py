@@ -239,7 +239,7 @@ def main(cfg: RunConfig) -> int:
     failure after run_start (a dead rank, SIGTERM, an exception) logs run_stop with status
     aborted before it propagates."""
     log = MLPerfLogger(cfg.log_path, rank=cfg.dist.rank, echo=False)
-    log.event(C.CACHE_CLEAR, True)
+    log.event(C.CACHE_CLEAR, cfg.train.cache_clear)
     log.start(C.INIT_START)
     with distributed.failures_as_errors(cfg.dist.rank):
         t = setup(cfg, log)

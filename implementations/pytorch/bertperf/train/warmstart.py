@@ -20,7 +20,7 @@ TOLERANCE = 0.01
 
 def load_weights(core: BertForPreTraining, path) -> None:
     """Load INIT_CHECKPOINT (TF prefix or convert-ckpt output) into `core`, strictly."""
-    from bertperf.model.tf_checkpoint import load_init_checkpoint
+    from bertperf.model.convert_cli import load_init_checkpoint
     state = load_init_checkpoint(path, core.config)
     core.load_state_dict({k: v.to(core.bert.embeddings.word_embeddings.weight.device)
                           for k, v in state.items()}, strict=True)

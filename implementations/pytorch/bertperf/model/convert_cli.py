@@ -1,0 +1,82 @@
+"""`python -m bertperf convert-ckpt`: Google's TF1 BERT checkpoint (MLPerf's model.ckpt-28252) to a
+PyTorch file, without TensorFlow; and `load_init_checkpoint`, which reads either for training.
+
+The converted file is `torch.save` of one dict (loadable with `weights_only=True`):
+
+  model        BertForPreTraining's state dict (float32, vocabulary padded with zero rows)
+  bert_config  the BertConfig it was converted for, as a dict
+  source       the TF checkpoint prefix it came from
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from bertperf.config import ModelConfig
+from bertperf.errors import UserError
+from bertperf.model.bert import BertForPreTraining
+from bertperf.model.bert_config import BertConfig
+from bertperf.model.tf_checkpoint import state_dict_from_tf
+from bertperf.prep.fileio import atomic_output
+
+
+def add_convert_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert-ckpt", help="TF1 BERT checkpoint -> PyTorch .pt (no TensorFlow)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tf-checkpoint", required=True, metavar="PREFIX",
+                   help="the checkpoint's path without .index, e.g. .../model.ckpt-28252")
+    p.add_argument("--bert-config", default="large",
+                   help='"large" (default; MLPerf\'s), "tiny", or the path of a bert_config.json')
+    p.add_argument("--output", required=True, type=Path, help="the .pt file to write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    config = ModelConfig(bert_config=args.bert_config).build()
+    state_dict = state_dict_from_tf(args.tf_checkpoint, config)
+    with atomic_output(args.output) as tmp:
+        torch.save({"model": state_dict, "bert_config": asdict(config),
+                    "source": str(args.tf_checkpoint)}, tmp)
+    params = sum(t.numel() for t in state_dict.values())
+    print(f"convert-ckpt: {args.tf_checkpoint} -> {args.output}: {len(state_dict)} tensors, "
+          f"{params:,} parameters, {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torch.Tensor]:
+    """BertForPreTraining's state dict from `path`: a TF checkpoint prefix (when PATH.index exists)
+    or a file written by convert-ckpt. Every tensor is checked against `config`'s model
+    (one-line UserError naming the file and the first tensor missing, extra or misshapen)."""
+    path = Path(path)
+    if Path(f"{path}.index").is_file():
+        return state_dict_from_tf(path, config)
+    if not path.is_file():
+        raise UserError(f"init checkpoint {path}: neither a TF checkpoint prefix ({path}.index) "
+                        "nor a converted .pt file")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated zip, bad pickle, foreign file: torch raises many kinds
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"init checkpoint {path}: unreadable: {detail}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+        raise UserError(f"init checkpoint {path}: not a convert-ckpt file (no 'model' state dict)")
+    state_dict = saved["model"]
+    with torch.device("meta"):
+        mine = BertForPreTraining(config).state_dict()
+    for name, tensor in mine.items():
+        if name not in state_dict:
+            raise UserError(f"init checkpoint {path}: has no tensor {name}")
+        if tuple(state_dict[name].shape) != tuple(tensor.shape):
+            raise UserError(f"init checkpoint {path}: tensor {name} has shape "
+                            f"{tuple(state_dict[name].shape)}, the BERT config needs "
+                            f"{tuple(tensor.shape)}")
+    extra = [name for name in state_dict if name not in mine]
+    if extra:
+        raise UserError(f"init checkpoint {path}: tensor {extra[0]} is not in this model")
+    return state_dict

@@ -1,0 +1,318 @@
+"""bertperf.model.tf_checkpoint and convert_cli on a checkpoint written by real TensorFlow
+(tests/fixtures/tf_ckpt, made by its make_tf_checkpoint.py), read here without TensorFlow: every
+tensor's value, the mapping to BertForPreTraining (strict load, transposes, vocabulary padding,
+HuggingFace parity), the convert-ckpt file, and one-line errors naming the file and variable."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertperf.errors import UserError
+from bertperf.model import BertConfig, BertForPreTraining, tf_name, tf_transposed, unpad
+from bertperf.model import tf_checkpoint
+from bertperf.model.convert_cli import add_convert_parser, load_init_checkpoint
+from bertperf.model.tf_checkpoint import TFCheckpoint, crc32c_numpy, state_dict_from_tf
+from tests.unit.test_model import hf_model, padded_batch
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tf_ckpt"
+PREFIX = FIXTURE / "model.ckpt-7"
+DATA = "model.ckpt-7.data-00000-of-00001"
+
+
+def _load_maker():
+    spec = importlib.util.spec_from_file_location("make_tf_checkpoint",
+                                                  FIXTURE / "make_tf_checkpoint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MAKER = _load_maker()  # imports numpy only; TensorFlow is needed to regenerate, not to test
+CONFIG = BertConfig.from_json(FIXTURE / "bert_config.json")
+
+
+def expected(var: str) -> np.ndarray:
+    return MAKER.expected_value(var, *MAKER.checkpoint_variables()[var])
+
+
+@pytest.fixture(scope="module")
+def state_dict() -> dict[str, torch.Tensor]:
+    return state_dict_from_tf(PREFIX, CONFIG)
+
+
+@pytest.fixture
+def copy(tmp_path) -> Path:
+    """A writable copy of the fixture checkpoint; returns its prefix."""
+    for suffix in (".index", ".data-00000-of-00001"):
+        shutil.copy(f"{PREFIX}{suffix}", tmp_path / f"model.ckpt-7{suffix}")
+    return tmp_path / "model.ckpt-7"
+
+
+# ---- crc32c --------------------------------------------------------------------------------------
+
+def test_crc32c_numpy_matches_known_values_and_the_bytewise_loop():
+    assert crc32c_numpy(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert crc32c_numpy(bytes(32)) == 0x8A9136AA  # RFC 3720 B.4
+    assert crc32c_numpy(bytes(range(32))) == 0x46DD794E
+    assert crc32c_numpy(b"") == 0
+    data = np.random.default_rng(0).integers(0, 256, 100_003, dtype=np.uint8)
+    assert tf_checkpoint._raw_crc(data) == tf_checkpoint._raw_crc_loop(data)  # parallel path
+
+
+# ---- reading the bundle --------------------------------------------------------------------------
+
+def test_reads_every_tensor_tensorflow_wrote():
+    ckpt = TFCheckpoint(PREFIX)
+    variables = MAKER.checkpoint_variables()
+    assert ckpt.names() == sorted(variables)
+    assert len(variables) == 46 * 3 + 1 + 6  # parameters and 2 LAMB slots each, step, probes
+    enums = {"float32": 1, "float64": 2, "int32": 3, "string": 7, "int64": 9, "bfloat16": 14,
+             "float16": 19}
+    for name, (dtype, shape) in variables.items():
+        entry = ckpt.entries[name]
+        assert (entry.dtype, entry.shape, entry.shard) == (enums[dtype], shape, 0), name
+        if dtype == "string":
+            continue
+        got, want = ckpt.read(name), expected(name)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    assert ckpt.read("global_step") == 7
+
+
+def test_unsupported_variables_are_user_errors():
+    ckpt = TFCheckpoint(PREFIX)
+    with pytest.raises(UserError, match=r"model\.ckpt-7\.index: variable dtype_probe/string: "
+                                        r"dtype DT_STRING not supported"):
+        ckpt.read("dtype_probe/string")
+    name = "dtype_probe/float64"
+    ckpt.entries[name] = dataclasses.replace(ckpt.entries[name], dtype=8)  # DT_COMPLEX64
+    with pytest.raises(UserError, match=f"variable {name}: dtype DataType 8 not supported"):
+        ckpt.read(name)
+    with pytest.raises(UserError, match="no variable nope"):
+        ckpt.read("nope")
+
+
+# ---- mapping to BertForPreTraining ---------------------------------------------------------------
+
+def test_state_dict_loads_strictly_with_transposes_and_zero_padding(state_dict):
+    model = BertForPreTraining(CONFIG)
+    model.load_state_dict(state_dict, strict=True)
+    assert CONFIG.padded_vocab_size == 104 and len(state_dict) == 46
+    for name, tensor in state_dict.items():
+        assert tensor.dtype == torch.float32 and tensor.is_contiguous(), name
+        want = torch.from_numpy(expected(tf_name(name)))
+        want = want.T if tf_transposed(name) else want
+        torch.testing.assert_close(tensor[:len(want)], want, rtol=0, atol=0, msg=name)
+    word = state_dict["bert.embeddings.word_embeddings.weight"]
+    bias = state_dict["cls.predictions.bias"]
+    assert word.shape == (104, 8) and bias.shape == (104,)
+    assert not word[99:].any() and not bias[99:].any()
+    kernel = expected("bert/encoder/layer_1/intermediate/dense/kernel")
+    assert kernel.shape == (8, 16)
+    assert torch.equal(state_dict["bert.encoder.layer.1.intermediate.dense.weight"],
+                       torch.from_numpy(kernel).T)
+
+
+def hf_state_dict_by_transformers_rules(ckpt: TFCheckpoint) -> dict[str, torch.Tensor]:
+    """The checkpoint as HF BertForPreTraining's state dict, by the rules of transformers'
+    former load_tf_weights_in_bert (which needs TensorFlow), independent of hf.tf_name."""
+    leaves = {"kernel": "weight", "gamma": "weight", "beta": "bias", "bias": "bias",
+              "output_weights": "weight", "output_bias": "bias"}
+    out = {}
+    for var in ckpt.names():
+        *scopes, leaf = var.split("/")
+        if scopes[:1] not in (["bert"], ["cls"]) or leaf in ("adam_m", "adam_v"):
+            continue
+        path = [re.sub(r"^layer_(\d+)$", r"layer.\1", s) for s in scopes]
+        path += [leaf, "weight"] if leaf.endswith("_embeddings") else [leaves[leaf]]
+        value = torch.from_numpy(ckpt.read(var)).double()
+        out[".".join(path)] = value.T if leaf == "kernel" else value
+    out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
+    out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
+    return out
+
+
+def test_forward_matches_huggingface_loaded_from_the_same_checkpoint(state_dict):
+    model = BertForPreTraining(CONFIG).double().eval()
+    model.load_state_dict(state_dict, strict=True)
+    hf = hf_model(CONFIG)
+    hf.load_state_dict(hf_state_dict_by_transformers_rules(TFCheckpoint(PREFIX)), strict=True)
+    padded = padded_batch([30, 5, 17], seed=3)
+    with torch.no_grad():
+        out = model(**unpad(padded).inputs())
+        hf_out = hf(input_ids=padded.input_ids, attention_mask=padded.input_mask,
+                    token_type_ids=padded.segment_ids)
+    real = padded.masked_lm_positions != 0
+    rows = torch.arange(3)[:, None].expand_as(real)
+    hf_mlm = hf_out.prediction_logits[rows[real], padded.masked_lm_positions[real]]
+    torch.testing.assert_close(out.mlm_logits, hf_mlm, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.nsp_logits, hf_out.seq_relationship_logits,
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_config_mismatch_names_the_variable():
+    wide = dataclasses.replace(CONFIG, hidden_size=16)
+    with pytest.raises(UserError, match=r"model\.ckpt-7\.index: variable "
+                                        r"bert/embeddings/word_embeddings is 99x8, the BERT "
+                                        r"config needs 99x16"):
+        state_dict_from_tf(PREFIX, wide)
+    with pytest.raises(UserError, match="word_embeddings is 99x8, the BERT config needs 100x8"):
+        state_dict_from_tf(PREFIX, dataclasses.replace(CONFIG, vocab_size=100))
+    with pytest.raises(UserError, match="no variable bert/encoder/layer_2/"):
+        state_dict_from_tf(PREFIX, dataclasses.replace(CONFIG, num_hidden_layers=3))
+
+
+# ---- damaged checkpoints -------------------------------------------------------------------------
+
+def test_missing_files(tmp_path, copy):
+    with pytest.raises(UserError, match=r"nope\.index: no such file"):
+        TFCheckpoint(tmp_path / "nope")
+    Path(f"{copy}.data-00000-of-00001").unlink()
+    with pytest.raises(UserError, match=f"{DATA}: no such file"):
+        state_dict_from_tf(copy, CONFIG)
+
+
+def test_truncated_data_file(copy):
+    data = Path(f"{copy}.data-00000-of-00001")
+    size = data.stat().st_size // 2
+    with open(data, "r+b") as f:
+        f.truncate(size)
+    with pytest.raises(UserError, match=rf"{DATA}: truncated: variable bert/\S+ needs bytes "
+                                        rf"\[\d+, \d+\), the file has {size}$"):
+        state_dict_from_tf(copy, CONFIG)
+
+
+def test_flipped_byte_is_a_crc_error(copy):
+    var = "bert/pooler/dense/kernel"
+    entry = TFCheckpoint(copy).entries[var]
+    data = Path(f"{copy}.data-00000-of-00001")
+    raw = bytearray(data.read_bytes())
+    raw[entry.offset + 5] ^= 0x10
+    data.write_bytes(raw)
+    with pytest.raises(UserError, match=f"{DATA}: crc32c mismatch in variable {var}"):
+        state_dict_from_tf(copy, CONFIG)
+    TFCheckpoint(copy).read("bert/pooler/dense/bias")  # its neighbours still read
+
+
+def test_damaged_index(copy):
+    index = Path(f"{copy}.index")
+    raw = bytearray(index.read_bytes())
+    index.write_bytes(raw[:-1])
+    with pytest.raises(UserError, match=r"model\.ckpt-7\.index: not a TensorFlow checkpoint index"):
+        TFCheckpoint(copy)
+    flipped = bytearray(raw)
+    flipped[100] ^= 1
+    index.write_bytes(flipped)
+    with pytest.raises(UserError, match=r"model\.ckpt-7\.index: corrupt TensorFlow checkpoint "
+                                        "index: crc32c mismatch in the block at offset 0"):
+        TFCheckpoint(copy)
+
+
+def _data_block(index: bytes) -> tuple[int, int]:
+    """(offset, size) of the first data block of an SSTable, through its footer and index."""
+    footer = index[-48:]
+    _, pos = tf_checkpoint._varint(footer, 0)
+    _, pos = tf_checkpoint._varint(footer, pos)  # the metaindex handle
+    index_offset, pos = tf_checkpoint._varint(footer, pos)
+    index_size, _ = tf_checkpoint._varint(footer, pos)
+    handle = next(tf_checkpoint._block_entries(index[index_offset:index_offset + index_size]))[1]
+    offset, pos = tf_checkpoint._varint(handle, 0)
+    return offset, tf_checkpoint._varint(handle, pos)[0]
+
+
+def test_snappy_compressed_index_reads_the_same(copy):
+    """TF reads indexes with snappy blocks (the fixture's snappy/ copy, made by the snappy
+    library); so must we, and a damaged snappy stream is a one-line error."""
+    index = Path(f"{copy}.index")
+    snappy = (FIXTURE / "snappy" / "model.ckpt-7.index").read_bytes()
+    offset, size = _data_block(snappy)
+    assert snappy[offset + size] == 1  # compressed
+    index.write_bytes(snappy)
+    ckpt = TFCheckpoint(copy)
+    assert ckpt.entries == TFCheckpoint(PREFIX).entries
+    np.testing.assert_array_equal(ckpt.read("cls/predictions/output_bias"),
+                                  expected("cls/predictions/output_bias"))
+    damaged = bytearray(snappy)
+    damaged[offset + 1] += 1  # the stream's uncompressed length (a 2-byte varint) + 128
+    crc = tf_checkpoint.masked_crc32c(bytes(damaged[offset:offset + size + 1]))
+    damaged[offset + size + 1:offset + size + 5] = crc.to_bytes(4, "little")
+    index.write_bytes(damaged)
+    with pytest.raises(UserError, match=r"model\.ckpt-7\.index: corrupt TensorFlow checkpoint "
+                                        "index: snappy block decodes to 4743 bytes, its header "
+                                        "says 4871"):
+        TFCheckpoint(copy)
+
+
+def test_unknown_block_compression_is_refused(copy):
+    index = Path(f"{copy}.index")
+    raw = bytearray(index.read_bytes())
+    offset, size = _data_block(bytes(raw))
+    raw[offset + size] = 2  # the data block's compression type, then its crc fixed up
+    crc = tf_checkpoint.masked_crc32c(bytes(raw[offset:offset + size + 1]))
+    raw[offset + size + 1:offset + size + 5] = crc.to_bytes(4, "little")
+    index.write_bytes(raw)
+    with pytest.raises(UserError, match="unknown block compression type 2"):
+        TFCheckpoint(copy)
+
+
+def test_snappy_decompress_literals_and_overlapping_copies():
+    # 5 literal bytes "abcde", a 1-byte-offset copy of 9 bytes from 2 back (overlapping), a
+    # 2-byte-offset copy of 3 bytes from 7 back, and a 61-byte literal with a 1-byte length
+    stream = (bytes([5 + 9 + 3 + 61, 4 << 2]) + b"abcde" + bytes([(9 - 4) << 2 | 1, 2])
+              + bytes([(3 - 1) << 2 | 2, 7, 0]) + bytes([60 << 2, 60]) + b"z" * 61)
+    assert tf_checkpoint.snappy_decompress(stream) == b"abcde" + b"dedededed" + b"ded" + b"z" * 61
+    with pytest.raises(ValueError, match="decodes to"):
+        tf_checkpoint.snappy_decompress(bytes([9]) + stream[1:])
+
+
+# ---- convert-ckpt and load_init_checkpoint -------------------------------------------------------
+
+def convert(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_convert_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["convert-ckpt", *argv])
+    return args.func(args)
+
+
+def test_convert_cli_writes_a_file_load_init_checkpoint_reads(tmp_path, capsys, state_dict):
+    out = tmp_path / "out" / "model.pt"
+    assert convert("--tf-checkpoint", str(PREFIX), "--bert-config",
+                   str(FIXTURE / "bert_config.json"), "--output", str(out)) == 0
+    summary = capsys.readouterr().out
+    assert summary.count("\n") == 1 and "46 tensors" in summary and str(out) in summary
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.pt"]  # no temporaries left
+    saved = torch.load(out, weights_only=True)
+    assert saved["bert_config"] == dataclasses.asdict(CONFIG) and saved["source"] == str(PREFIX)
+    for loaded in (load_init_checkpoint(out, CONFIG), load_init_checkpoint(PREFIX, CONFIG)):
+        assert loaded.keys() == state_dict.keys()
+        assert all(torch.equal(loaded[k], state_dict[k]) for k in state_dict)
+
+
+def test_convert_cli_and_load_init_checkpoint_errors(tmp_path):
+    with pytest.raises(UserError, match=r"word_embeddings is 99x8, the BERT config needs "
+                                        r"30522x128"):
+        convert("--tf-checkpoint", str(PREFIX), "--bert-config", "tiny",
+                "--output", str(tmp_path / "tiny.pt"))
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(UserError, match="neither a TF checkpoint prefix"):
+        load_init_checkpoint(tmp_path / "model.ckpt-8", CONFIG)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a zip")
+    with pytest.raises(UserError, match=r"garbage\.pt: unreadable"):
+        load_init_checkpoint(garbage, CONFIG)
+    pt = tmp_path / "model.pt"
+    convert("--tf-checkpoint", str(PREFIX), "--bert-config", str(FIXTURE / "bert_config.json"),
+            "--output", str(pt))
+    with pytest.raises(UserError, match=r"model\.pt: tensor bert\.embeddings\.word_embeddings"
+                                        r"\.weight has shape \(104, 8\), the BERT config needs "
+                                        r"\(104, 16\)"):
+        load_init_checkpoint(pt, dataclasses.replace(CONFIG, hidden_size=16))
