@@ -15,9 +15,8 @@ from pathlib import Path
 import h5py
 import pytest
 
-from bertperf.prep import manifest
 from tests.e2e.test_train_ddp import base_env, free_port
-from tests.unit.test_train import make_dataset
+from tests.unit.test_train import add_manifests, make_dataset
 
 TRAIN = [sys.executable, "-m", "bertperf", "train"]
 
@@ -25,15 +24,7 @@ TRAIN = [sys.executable, "-m", "bertperf", "train"]
 @pytest.fixture
 def data(tmp_path) -> dict:
     """The copy-task data with manifests, as the prep stages write them."""
-    env = make_dataset(tmp_path / "data", n_train=256, shards=2)
-    train, eval_file = Path(env["DATADIR_PHASE2"]), Path(env["EVAL_FILE"])
-    for path in [*sorted(train.glob("*.h5")), eval_file]:
-        with h5py.File(path, "r") as f:
-            count = len(f["nsp"] if "nsp" in f else f["next_sentence_labels"])
-        manifest.record(path.parent, path.name, manifest.entry_for(path, "test", "-", count))
-    manifest.finalize(train)
-    manifest.finalize(eval_file.parent)
-    return env
+    return add_manifests(make_dataset(tmp_path / "data", n_train=256, shards=2))
 
 
 def run(env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -61,6 +61,22 @@ def make_dataset(root: Path, n_train: int = 512, n_eval: int = 64, shards: int =
             "BERT_CONFIG": str(tiny_bert_config(root / "bert_config.json"))}
 
 
+def add_manifests(env: dict) -> dict:
+    """Record the training shards and the eval file of `make_dataset` in MANIFEST.json files,
+    as the prep stages do (the trainer verifies data against them)."""
+    import h5py
+
+    from bertperf.prep import manifest
+    train, eval_file = Path(env["DATADIR_PHASE2"]), Path(env["EVAL_FILE"])
+    for path in [*sorted(train.glob("*.h5")), eval_file]:
+        with h5py.File(path, "r") as f:
+            count = len(f["nsp"] if "nsp" in f else f["next_sentence_labels"])
+        manifest.record(path.parent, path.name, manifest.entry_for(path, "test", "-", count))
+    manifest.finalize(train)
+    manifest.finalize(eval_file.parent)
+    return env
+
+
 def env_for(tmp_path: Path, **extra: str) -> dict:
     return {**make_dataset(tmp_path / "data"), "BATCHSIZE": "4", "LR": "0.01", "MAX_STEPS": "50",
             "LOGDIR": str(tmp_path / "out"), **extra}

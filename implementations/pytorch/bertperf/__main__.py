@@ -10,6 +10,7 @@ from bertperf.errors import UserError
 
 def build_parser() -> argparse.ArgumentParser:
     from bertperf.bench.cli import add_bench_parser
+    from bertperf.mlperf.check_cli import add_check_parser, add_submission_parser
     from bertperf.mlperf.plot import add_plot_parser
     from bertperf.model.convert_cli import add_convert_parser
     from bertperf.prep.cli import add_prep_parser
@@ -22,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub)
     add_plot_parser(sub)
     add_convert_parser(sub)
+    add_check_parser(sub)
+    add_submission_parser(sub)
     return parser
 
 

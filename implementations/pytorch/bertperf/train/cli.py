@@ -16,10 +16,21 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--" + f.name.replace("_", "-"), dest=f"{section}.{f.name}",
                        default=argparse.SUPPRESS, metavar=f.metadata["env"],
                        help=f"env {f.metadata['env']}", **switch)
+    p.add_argument("--check", action="store_true",
+                   help="only load and validate the configuration (variables, paths, global "
+                        "batch against the RCP range) and print it; run.sub does this first")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertperf.train.loop import main
     flags = {k: v for k, v in vars(args).items() if "." in k}
-    return main(load(process_environment(), flags))
+    cfg = load(process_environment(), flags)
+    if args.check:
+        print(f"train --check: OK: global batch {cfg.global_batch_size} "
+              f"({cfg.dist.world_size} ranks x {cfg.train.batch_size} x "
+              f"{cfg.train.gradient_steps}), LR {cfg.optim.lr}, MAX_STEPS {cfg.optim.max_steps}, "
+              f"first eval at {cfg.first_eval} samples then every {cfg.eval_interval}, "
+              f"data {cfg.data.train_dir}, eval {cfg.data.eval_file}")
+        return 0
+    from bertperf.train.loop import main
+    return main(cfg)

@@ -1,0 +1,27 @@
+# shellcheck shell=bash
+# Shared by every config_DGXA100_<nodes>x8x<batch>x<accum>.sh: the system, the data locations and
+# what does not change with scale. Only exports; run_and_time.sh checks and starts the run.
+# Paths are the host's; run.sub and run_with_docker.sh mount them into a container when CONT is set.
+
+# The system (NVIDIA DGX A100: 8 GPUs, 2 sockets of 64 cores, SMT on)
+export DGXNGPU=8
+export DGXSOCKETCORES=64
+export DGXNSOCKET=2
+export DGXHT=2
+export SUBMISSION_PLATFORM="${DGXNNODES:?set by the per-scale config}xNVIDIA DGX A100"
+
+# The data (data_prep/README.md): unpadded training shards, the 10,000-sample eval set and
+# MLPerf's initial checkpoint (TF1 prefix, read without TensorFlow; or a convert-ckpt .pt)
+: "${DATADIR_PHASE2:=/raid/datasets/bert/unpadded}"
+: "${EVAL_FILE:=/raid/datasets/bert/eval/eval_10k.hdf5}"
+: "${INIT_CHECKPOINT:=/raid/datasets/bert/phase1/model.ckpt-28252}"
+export DATADIR_PHASE2 EVAL_FILE INIT_CHECKPOINT
+export BERT_CONFIG=large
+
+# The recipe parts every scale shares
+export PRECISION=bf16
+export EVAL_BATCHSIZE=128
+export TARGET_MLM_ACCURACY=0.720
+export EPSILON=1e-6
+export MAX_GRAD_NORM=1.0
+export LOG_FREQ=50

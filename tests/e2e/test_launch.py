@@ -1,0 +1,181 @@
+"""The launch scripts for real: `sbatch run.sub` on a local Slurm cluster (tests/e2e/
+slurm_cluster.py), `run_and_time.sh` starting its ranks with torchrun and with mpirun, and the
+early one-line errors. Every run uses config_CPU_1x2x32x1.sh (2 ranks, gloo) with its data and
+length swapped for the copy task of tests/unit/test_train.py, so a run takes seconds; the logs
+must pass the MLPerf compliance checker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.slurm_cluster import SlurmCluster
+from tests.e2e.test_train_compliance import checker, events
+from tests.e2e.test_train_ddp import free_port
+from tests.unit.test_train import add_manifests, make_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "config_CPU_1x2x32x1.sh"
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+                "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                "MASTER_ADDR", "MASTER_PORT")
+
+
+def config_env(path: Path = CONFIG) -> dict:
+    """The variables a config file exports (sourced by bash, as a user does)."""
+    out = subprocess.run(["bash", "-c", f'set -a; source "{path}"; env -0'], cwd=ROOT,
+                         capture_output=True, check=True)
+    return dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    return add_manifests(make_dataset(tmp_path_factory.mktemp("launch") / "data", n_train=512))
+
+
+def job_env(data: dict, logdir: Path, **extra: str) -> dict:
+    """config_CPU's variables, the copy task instead of the demo corpus, this Python."""
+    base = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    return {**base, **config_env(), **data, "PYTHON": sys.executable, "LOGDIR": str(logdir),
+            "BATCHSIZE": "8", "LR": "0.02", "MAX_STEPS": "300", "WARMUP_STEPS": "0",
+            "EVAL_ITER_START_SAMPLES": "320", "EVAL_ITER_SAMPLES": "320",
+            "MAX_SAMPLES_TERMINATION": "20000", "TARGET_MLM_ACCURACY": "0.72",
+            "EVAL_BATCHSIZE": "64", "LOG_FREQ": "20", "SEED": "0", "DIST_TIMEOUT": "60",
+            **extra}
+
+
+def mllog_values(log: Path) -> dict:
+    ev = events(log)
+    return {"acc": [e["value"] for e in ev if e["key"] == "eval_accuracy"],
+            "status": [e["metadata"]["status"] for e in ev if e["key"] == "run_stop"],
+            "gbs": [e["value"] for e in ev if e["key"] == "global_batch_size"]}
+
+
+def assert_compliant(log: Path) -> dict:
+    check = checker(log)
+    assert "SUCCESS" in check.stderr, check.stderr[-3000:]
+    values = mllog_values(log)
+    assert values["status"] == ["success"] and values["gbs"] == [16]
+    return values
+
+
+def run_and_time(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "run_and_time.sh"), *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+# ---- Slurm --------------------------------------------------------------------------------------
+
+def test_sbatch_run_sub_runs_nexp_compliant_runs(slurm_cluster: SlurmCluster, data, tmp_path):
+    logdir = tmp_path / "results"
+    env = job_env(data, logdir, NEXP="2", MASTER_PORT=str(free_port()), CLEAR_CACHES="1",
+                  DATESTAMP="test")
+    job = slurm_cluster.sbatch(ROOT / "run.sub", "--nodes=1", "--ntasks-per-node=2",
+                               f"--output={tmp_path / 'slurm.out'}", env=env, cwd=ROOT)
+    result = slurm_cluster.wait(job, timeout=300)
+    out = (tmp_path / "slurm.out").read_text()
+    assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-4000:]
+    assert "train --check: OK: global batch 16 (2 ranks" in out
+    runs = [assert_compliant(logdir / f"result_test_{i}.txt") for i in (1, 2)]
+    assert runs[0] == runs[1]  # same SEED, same data: the same run twice
+    for i in (1, 2):
+        console = (logdir / f"test_{i}.log").read_text()
+        assert "STARTING TIMING RUN" in console and "RESULT,bert,0," in console, console[-3000:]
+    # the page cache is dropped where the node allows it; either way the log says which
+    clear = [e["value"] for e in events(logdir / "result_test_1.txt") if e["key"] == "cache_clear"]
+    assert clear == ["cannot drop the page cache" not in out]
+
+
+def test_run_sub_refuses_bad_config_before_any_run(slurm_cluster: SlurmCluster, data, tmp_path):
+    logdir = tmp_path / "results"
+    env = job_env(data, logdir, NEXP="2", BERT_CONFIG="large", BATCHSIZE="16384",
+                  MASTER_PORT=str(free_port()))
+    job = slurm_cluster.sbatch(ROOT / "run.sub", "--nodes=1", "--ntasks-per-node=2",
+                               f"--output={tmp_path / 'slurm.out'}", env=env, cwd=ROOT)
+    result = slurm_cluster.wait(job, timeout=120)
+    out = (tmp_path / "slurm.out").read_text()
+    assert result.state == "FAILED", out
+    assert "above the largest BERT RCP" in out and "no run started" in out
+    assert not list(logdir.glob("result_*.txt"))
+
+
+def test_run_sub_names_missing_data_and_image(slurm_cluster: SlurmCluster, data, tmp_path):
+    for extra, message in (({"DATADIR_PHASE2": str(tmp_path / "nope")}, "no such folder"),
+                           ({"CONT": str(tmp_path / "image.sqsh")}, "image.sqsh: no such file")):
+        env = job_env(data, tmp_path / "results", NEXP="1", **extra)
+        out_file = tmp_path / f"slurm-{len(message)}.out"
+        job = slurm_cluster.sbatch(ROOT / "run.sub", "--nodes=1", "--ntasks-per-node=2",
+                                   f"--output={out_file}", env=env, cwd=ROOT)
+        assert slurm_cluster.wait(job, timeout=60).state == "FAILED"
+        assert "run.sub: error: " in out_file.read_text() and message in out_file.read_text()
+
+
+# ---- torchrun and mpirun ------------------------------------------------------------------------
+
+def test_run_and_time_mpirun_equals_torchrun(data, tmp_path):
+    if shutil.which("mpirun") is None:
+        pytest.skip("no mpirun (OpenMPI) installed: `make setup` as root installs it")
+    results = {}
+    for launcher in ("torchrun", "mpirun"):
+        logdir = tmp_path / launcher
+        env = job_env(data, logdir, LAUNCHER=launcher, MASTER_PORT=str(free_port()),
+                      MPIRUN_ARGS="--allow-run-as-root --oversubscribe", CLEAR_CACHES="0")
+        run = run_and_time(env, tmp_path)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        assert run.stdout.splitlines()[-1].startswith("RESULT,bert,0,")
+        results[launcher] = assert_compliant(logdir / "result_0.txt")
+    assert results["torchrun"] == results["mpirun"]
+
+
+def test_run_and_time_missing_variable(tmp_path):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    run = run_and_time(env, tmp_path)
+    assert run.returncode != 0 and "BATCHSIZE" in run.stderr and len(run.stderr.splitlines()) == 1
+
+
+def test_every_config_passes_check(tmp_path):
+    """Each config file validates as the trainer reads it (paths replaced by real ones)."""
+    data = make_dataset(tmp_path / "data", n_train=16)
+    for path in sorted(ROOT.glob("config_*x*.sh")):
+        env = {**{k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS},
+               **config_env(path)}
+        world = int(env["DGXNNODES"]) * int(env["DGXNGPU"])
+        env.update(DATADIR_PHASE2=data["DATADIR_PHASE2"], EVAL_FILE=data["EVAL_FILE"],
+                   RANK="0", WORLD_SIZE=str(world), PYTHON=sys.executable)
+        env.pop("INIT_CHECKPOINT", None)
+        run = run_and_time(env, tmp_path, "--check")
+        assert run.returncode == 0, f"{path.name}: {run.stderr}"
+        assert f"global batch {world * int(env['BATCHSIZE']) * int(env['GRADIENT_STEPS'])}" \
+            in run.stdout
+
+
+
+def test_cluster_configs_use_their_rcp_row():
+    """Hyperparameters of every config_DGX*.sh = the ruleset 5.0.0 RCP row of its global batch;
+    eval cadence = MLPerf's formula."""
+    from bertperf.config import reference_eval_interval
+    from bertperf.mlperf.rcp import point_for
+    configs = sorted(ROOT.glob("config_DGX*x*.sh"))
+    assert {p.name.split("_")[2].split("x")[0] for p in configs if "A100" in p.name} >= \
+        {"1", "8", "16", "32", "64", "128"}
+    for path in configs:
+        env = config_env(path)
+        gbs = (int(env["DGXNNODES"]) * int(env["DGXNGPU"]) * int(env["BATCHSIZE"])
+               * int(env["GRADIENT_STEPS"]))
+        row = point_for(gbs)
+        assert row is not None, f"{path.name}: global batch {gbs} is not an RCP row"
+        got = tuple(float(env[k]) for k in ("LR", "MAX_STEPS", "WARMUP_STEPS",
+                                            "START_WARMUP_STEP", "OPT_LAMB_BETA_1",
+                                            "OPT_LAMB_BETA_2", "WEIGHT_DECAY_RATE"))
+        want = (row.lr, row.max_steps, row.warmup_steps, row.start_warmup_step, row.beta1,
+                row.beta2, row.weight_decay)
+        assert got == want, f"{path.name}: {got} != RCP {want}"
+        assert int(env["EVAL_ITER_SAMPLES"]) == int(env["EVAL_ITER_START_SAMPLES"]) == \
+            reference_eval_interval(gbs), path.name
+        assert int(env["WALLTIME"]) > 0 and int(env["MAX_SAMPLES_TERMINATION"]) > \
+            max(row.samples_to_converge), path.name
