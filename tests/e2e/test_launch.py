@@ -81,11 +81,13 @@ def test_sbatch_run_sub_runs_nexp_compliant_runs(slurm_cluster: SlurmCluster, da
     out = (tmp_path / "slurm.out").read_text()
     assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-4000:]
     assert "train --check: OK: global batch 16 (2 ranks" in out
-    runs = [assert_compliant(logdir / f"result_test_{i}.txt") for i in (1, 2)]
-    assert runs[0] == runs[1]  # same SEED, same data: the same run twice
-    for i in (1, 2):
+    for i in (1, 2):  # run i has seed SEED + i - 1 on both ranks
+        assert_compliant(logdir / f"result_test_{i}.txt")
+        seeds = [e["value"] for e in events(logdir / f"result_test_{i}.txt") if e["key"] == "seed"]
+        assert seeds == [i - 1]
         console = (logdir / f"test_{i}.log").read_text()
-        assert "STARTING TIMING RUN" in console and "RESULT,bert,0," in console, console[-3000:]
+        assert "STARTING TIMING RUN" in console and f"RESULT,bert,{i - 1}," in console, \
+            console[-3000:]
     # the page cache is dropped where the node allows it; either way the log says which
     clear = [e["value"] for e in events(logdir / "result_test_1.txt") if e["key"] == "cache_clear"]
     assert clear == ["cannot drop the page cache" not in out]

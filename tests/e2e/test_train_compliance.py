@@ -67,7 +67,8 @@ def test_converging_run_passes_the_checker(tmp_path):
 
 
 def test_sample_cap_aborts(tmp_path):
-    run, log = train(tmp_path, MAX_SAMPLES_TERMINATION="960", TARGET_MLM_ACCURACY="0.99")
+    run, log = train(tmp_path, MAX_SAMPLES_TERMINATION="960", TARGET_MLM_ACCURACY="0.99",
+                     SUBMISSION_DIVISION="open")
     assert run.returncode == 0, run.stderr[-3000:]
     ev = events(log)
     assert [e["metadata"]["status"] for e in ev if e["key"] == "run_stop"] == ["aborted"]

@@ -30,7 +30,7 @@ def data(tmp_path_factory) -> dict:
 
 def base_env(data: dict, out: Path, **extra: str) -> dict:
     return {**data, "BATCHSIZE": "4", "GRADIENT_STEPS": "2", "LR": "0.01", "MAX_STEPS": str(N),
-            "WARMUP_PROPORTION": "0.2", "EVAL_ITER_SAMPLES": "24", "TARGET_MLM_ACCURACY": "0.99",
+            "WARMUP_PROPORTION": "0.2", "EVAL_ITER_SAMPLES": "24", "TARGET_MLM_ACCURACY": "0.99", "SUBMISSION_DIVISION": "open",
             "SEED": "3", "LOG_FREQ": "0", "LOGDIR": str(out), "MLLOG_FILE": str(out / "log.txt"),
             **extra}
 

@@ -168,6 +168,9 @@ class TrainConfig:
     """submission_org of the MLPerf log."""
     submission_platform: str = _var("SUBMISSION_PLATFORM", str, "unknown")
     """submission_platform of the MLPerf log."""
+    submission_division: str = _var("SUBMISSION_DIVISION", str, "closed")
+    """closed (the benchmark as defined: target 0.720) or open (anything else, e.g. the demo's
+    tiny BERT and its own target; the open-division rules have no accuracy target)."""
     cache_clear: bool = _var("CACHE_CLEAR", yes_no, False)
     """Whether the launcher dropped the page cache before this run (run.sub / run_and_time.sh
     set it); logged as MLPerf's cache_clear."""
@@ -335,6 +338,12 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.precision not in PRECISIONS:
         raise UserError(f"PRECISION must be one of {', '.join(PRECISIONS)}, "
                         f"not {cfg.train.precision!r}")
+    if cfg.train.submission_division not in ("closed", "open"):
+        raise UserError(f"SUBMISSION_DIVISION must be closed or open, "
+                        f"not {cfg.train.submission_division!r}")
+    if cfg.train.submission_division == "closed" and cfg.train.target_accuracy != 0.720:
+        raise UserError(f"TARGET_MLM_ACCURACY={cfg.train.target_accuracy}: the closed division's "
+                        "target is 0.720 (set SUBMISSION_DIVISION=open for another target)")
     if not 0.0 < cfg.train.target_accuracy <= 1.0:
         raise UserError(f"TARGET_MLM_ACCURACY must be in (0, 1], got {cfg.train.target_accuracy}")
     if cfg.model.bert_config not in MODEL_SIZES and not Path(cfg.model.bert_config).is_file():

@@ -34,6 +34,14 @@ class Dist:
             tdist.all_reduce(out)
         return out
 
+    def from_rank0(self, value: int, device: torch.device) -> int:
+        """Rank 0's value of an integer, on every rank."""
+        if not self.active:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        tdist.broadcast(t, src=0)
+        return int(t.item())
+
     def close(self) -> None:
         """Leave the group. The barrier and the pause let gloo's worker threads finish releasing
         the last collectives' tensors (which takes the GIL) before the group's destructor joins

@@ -20,7 +20,7 @@ import functools
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -91,6 +91,9 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     """Build the run (between init_start and init_stop)."""
     device = pick_device(cfg)
     dist = distributed.init(cfg.dist, device)
+    # one seed for the run: rank 0's (ranks started by `mpirun -np N run_and_time.sh` each draw
+    # their own $RANDOM; the loader needs the same epoch order on every rank)
+    cfg = replace(cfg, train=replace(cfg.train, seed=dist.from_rank0(cfg.train.seed, device)))
     seed_everything(cfg.train.seed)  # the same initial weights on every rank
     core = BertForPreTraining(cfg.model.build()).to(device)
     if cfg.model.init_checkpoint is not None:
@@ -125,7 +128,8 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
                               core.config, report, warn)
     seed_everything(cfg.train.seed + dist.rank)  # dropout differs between ranks
 
-    log.submission(cfg.train.submission_org, cfg.train.submission_platform)
+    log.submission(cfg.train.submission_org, cfg.train.submission_platform,
+                   division=cfg.train.submission_division)
     log.event(C.SEED, cfg.train.seed)
     log.hyperparameters({
         C.GLOBAL_BATCH_SIZE: cfg.global_batch_size,
