@@ -120,18 +120,26 @@ def test_run_sub_names_missing_data_and_image(slurm_cluster: SlurmCluster, data,
 # ---- torchrun and mpirun ------------------------------------------------------------------------
 
 def test_run_and_time_mpirun_equals_torchrun(data, tmp_path):
+    """The same run three ways: run_and_time.sh starting torchrun, starting mpirun, and started
+    per rank by `mpirun -np 2 ./run_and_time.sh` (rank and world from OpenMPI's variables)."""
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun (OpenMPI) installed: `make setup` as root installs it")
     results = {}
-    for launcher in ("torchrun", "mpirun"):
-        logdir = tmp_path / launcher
-        env = job_env(data, logdir, LAUNCHER=launcher, MASTER_PORT=str(free_port()),
-                      MPIRUN_ARGS="--allow-run-as-root --oversubscribe", CLEAR_CACHES="0")
-        run = run_and_time(env, tmp_path)
+    for how in ("torchrun", "mpirun", "mpirun -np 2 run_and_time.sh"):
+        logdir = tmp_path / how.replace(" ", "_")
+        env = job_env(data, logdir, LAUNCHER=how.split()[0], MASTER_PORT=str(free_port()),
+                      MASTER_ADDR="127.0.0.1", CLEAR_CACHES="0",
+                      MPIRUN_ARGS="--allow-run-as-root --oversubscribe")
+        if how.endswith("run_and_time.sh"):
+            run = subprocess.run(["mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe",
+                                  "bash", str(ROOT / "run_and_time.sh")], env=env, cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=300)
+        else:
+            run = run_and_time(env, tmp_path)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-        assert run.stdout.splitlines()[-1].startswith("RESULT,bert,0,")
-        results[launcher] = assert_compliant(logdir / "result_0.txt")
-    assert results["torchrun"] == results["mpirun"]
+        assert [l for l in run.stdout.splitlines() if l.startswith("RESULT,bert,0,")], how
+        results[how] = assert_compliant(logdir / "result_0.txt")
+    assert results["torchrun"] == results["mpirun"] == results["mpirun -np 2 run_and_time.sh"]
 
 
 def test_run_and_time_missing_variable(tmp_path):
@@ -141,20 +149,24 @@ def test_run_and_time_missing_variable(tmp_path):
 
 
 def test_every_config_passes_check(tmp_path):
-    """Each config file validates as the trainer reads it (paths replaced by real ones)."""
+    """Each config file validates as the trainer reads it (paths replaced by real ones): the
+    first through `run_and_time.sh --check`, the others with the same loader in-process."""
+    from bertperf.config import load
     data = make_dataset(tmp_path / "data", n_train=16)
-    for path in sorted(ROOT.glob("config_*x*.sh")):
+    for n, path in enumerate(sorted(ROOT.glob("config_*x*.sh"))):
         env = {**{k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS},
                **config_env(path)}
         world = int(env["DGXNNODES"]) * int(env["DGXNGPU"])
         env.update(DATADIR_PHASE2=data["DATADIR_PHASE2"], EVAL_FILE=data["EVAL_FILE"],
                    RANK="0", WORLD_SIZE=str(world), PYTHON=sys.executable)
         env.pop("INIT_CHECKPOINT", None)
-        run = run_and_time(env, tmp_path, "--check")
-        assert run.returncode == 0, f"{path.name}: {run.stderr}"
-        assert f"global batch {world * int(env['BATCHSIZE']) * int(env['GRADIENT_STEPS'])}" \
-            in run.stdout
-
+        gbs = world * int(env["BATCHSIZE"]) * int(env["GRADIENT_STEPS"])
+        if n == 0:
+            run = run_and_time(env, tmp_path, "--check")
+            assert run.returncode == 0, f"{path.name}: {run.stderr}"
+            assert f"global batch {gbs}" in run.stdout
+        else:
+            assert load(env).global_batch_size == gbs, path.name
 
 
 def test_cluster_configs_use_their_rcp_row():

@@ -14,9 +14,7 @@ which the check's output says (BYPASS). Without the bypass the same package FAIL
 
 from __future__ import annotations
 
-import argparse
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,8 +22,8 @@ import pytest
 
 pytest.importorskip("mlperf_logging")
 
-from bertperf.errors import UserError  # noqa: E402
 from tests.e2e.test_train_compliance import train  # noqa: E402
+from tests.unit.test_check import cli  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -45,23 +43,6 @@ def run_dir(tmp_path_factory) -> Path:
         assert run.returncode == 0, f"seed {seed}: {run.stderr[-2000:]}"
         assert "run_stop: success" in run.stderr, f"seed {seed} did not converge"
     return root
-
-
-def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    """What `python -m bertperf <argv>` does (check and submission parsers, one-line errors)."""
-    from bertperf.mlperf.check_cli import add_check_parser, add_submission_parser
-    parser = argparse.ArgumentParser(prog="bertperf")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_check_parser(sub)
-    add_submission_parser(sub)
-    args = parser.parse_args(argv)
-    try:
-        rc = args.func(args)
-    except UserError as exc:
-        print(f"bertperf: error: {exc}", file=sys.stderr)
-        rc = 1
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def rows(out: str) -> dict[str, list[tuple[str, str]]]:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from bertperf.mlperf.log import RULESET
 from tests.unit.test_train import make_dataset

@@ -10,7 +10,6 @@ Each is (exit status, output); the summarizer's also carries the rows of the JSO
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -560,17 +559,9 @@ def test_ruleset_matches_the_logger():
 # ---- command line --------------------------------------------------------------------------------
 
 def cli(argv, capsys):
-    from bertperf.mlperf.check_cli import add_check_parser, add_submission_parser
-    parser = argparse.ArgumentParser(prog="bertperf")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_check_parser(sub)
-    add_submission_parser(sub)
-    args = parser.parse_args(argv)
-    try:
-        rc = args.func(args)
-    except UserError as exc:
-        print(f"bertperf: error: {exc}", file=sys.stderr)
-        rc = 1
+    """What `python -m bertperf <argv>` returns and prints."""
+    from bertperf.__main__ import main
+    rc = main(argv)
     out = capsys.readouterr()
     return rc, out.out, out.err
 

@@ -296,13 +296,18 @@ def test_huggingface_bert_gives_the_same_logits():
     model.eval()
     hf = hf_model(TINY)
     hf.load_state_dict(to_hf_state_dict(model.state_dict(), TINY), strict=True)
-    padded = padded_batch([40, 5, 17], seed=7)
-    out = model(**unpad(padded).inputs())
+    assert_same_logits_as_hf(model, hf, padded_batch([40, 5, 17], seed=7))
+
+
+def assert_same_logits_as_hf(model, hf, padded) -> None:
+    """Our unpadded model and HF's BertForPreTraining give the same MLM logits at the masked
+    positions and the same NSP logits (float64)."""
     with torch.no_grad():
+        out = model(**unpad(padded).inputs())
         hf_out = hf(input_ids=padded.input_ids, attention_mask=padded.input_mask,
                     token_type_ids=padded.segment_ids)
     real = padded.masked_lm_positions != 0
-    rows = torch.arange(3)[:, None].expand_as(real)
+    rows = torch.arange(len(real))[:, None].expand_as(real)
     hf_mlm = hf_out.prediction_logits[rows[real], padded.masked_lm_positions[real]]
     torch.testing.assert_close(out.mlm_logits, hf_mlm, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(out.nsp_logits, hf_out.seq_relationship_logits,

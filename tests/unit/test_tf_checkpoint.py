@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from bertperf.errors import UserError
-from bertperf.model import BertConfig, BertForPreTraining, tf_name, tf_transposed, unpad
+from bertperf.model import BertConfig, BertForPreTraining, tf_name, tf_transposed
 from bertperf.model import tf_checkpoint
 from bertperf.model.convert_cli import add_convert_parser, load_init_checkpoint
 from bertperf.model.tf_checkpoint import TFCheckpoint, crc32c_numpy, state_dict_from_tf
-from tests.unit.test_model import hf_model, padded_batch
+from tests.unit.test_model import assert_same_logits_as_hf, hf_model, padded_batch
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tf_ckpt"
 PREFIX = FIXTURE / "model.ckpt-7"
@@ -146,17 +146,7 @@ def test_forward_matches_huggingface_loaded_from_the_same_checkpoint(state_dict)
     model.load_state_dict(state_dict, strict=True)
     hf = hf_model(CONFIG)
     hf.load_state_dict(hf_state_dict_by_transformers_rules(TFCheckpoint(PREFIX)), strict=True)
-    padded = padded_batch([30, 5, 17], seed=3)
-    with torch.no_grad():
-        out = model(**unpad(padded).inputs())
-        hf_out = hf(input_ids=padded.input_ids, attention_mask=padded.input_mask,
-                    token_type_ids=padded.segment_ids)
-    real = padded.masked_lm_positions != 0
-    rows = torch.arange(3)[:, None].expand_as(real)
-    hf_mlm = hf_out.prediction_logits[rows[real], padded.masked_lm_positions[real]]
-    torch.testing.assert_close(out.mlm_logits, hf_mlm, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(out.nsp_logits, hf_out.seq_relationship_logits,
-                               rtol=1e-10, atol=1e-12)
+    assert_same_logits_as_hf(model, hf, padded_batch([30, 5, 17], seed=3))
 
 
 def test_config_mismatch_names_the_variable():

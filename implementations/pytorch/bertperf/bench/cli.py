@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES = {"prep": "bertperf.bench.prep", "loader": "bertperf.bench.loader"}
+BENCHES = {"prep": "bertperf.bench.prep", "loader": "bertperf.bench.loader",
+           "attention": "bertperf.bench.attention"}
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:

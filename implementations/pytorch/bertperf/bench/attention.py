@@ -1,0 +1,77 @@
+"""`python -m bertperf bench attention`: forward + backward time of the variable-length attention
+paths on this machine's CPU (or CUDA with --device cuda), on batches shaped like the demo's
+(64 sequences of 128-token FOLDOC samples, 2 heads of 64) and like BERT-large's (16 heads of
+64, MLPerf-like lengths up to 512). Every path runs the same q, k, v; the table gives the
+median of --repeat timings and the ratio to the per-sequence reference."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from bertperf.kernels import (varlen_attention_padded, varlen_attention_reference,
+                              varlen_attention_sdpa)
+
+HELP = "variable-length attention paths, forward + backward (prints a table)"
+
+SHAPES = {
+    "demo: 64 seqs <=128, 2x64": (64, 128, 2, 64),
+    "BERT-large: 16 seqs <=512, 16x64": (16, 512, 16, 64),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def lengths_for(num: int, longest: int, gen: torch.Generator) -> torch.Tensor:
+    """MLPerf-like lengths: about a quarter full, the rest spread below (at least 8 tokens)."""
+    full = torch.rand(num, generator=gen) < 0.25
+    spread = (torch.rand(num, generator=gen) * (longest - 8) + 8).long()
+    return torch.where(full, torch.full_like(spread, longest), spread)
+
+
+def time_path(fn, q, k, v, cu, m, repeat: int) -> float:
+    times = []
+    for _ in range(repeat + 1):
+        qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
+        if q.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(qs, ks, vs, cu, m).sum().backward()
+        if q.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])  # the first is a warm-up
+
+
+def run(args: argparse.Namespace) -> int:
+    gen = torch.Generator().manual_seed(args.seed)
+    paths = {"reference (per sequence)": varlen_attention_reference,
+             "padded SDPA (CPU default)": varlen_attention_padded,
+             "jagged SDPA": varlen_attention_sdpa}
+    print(f"device {args.device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"median of {args.repeat}")
+    print("| batch | path | ms | vs reference |\n|---|---|---|---|")
+    for label, (num, longest, heads, dim) in SHAPES.items():
+        lengths = lengths_for(num, longest, gen)
+        cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).to(args.device)
+        total, m = int(lengths.sum()), int(lengths.max())
+        q, k, v = (torch.randn(total, heads, dim, generator=gen).to(args.device)
+                   for _ in range(3))
+        base = None
+        for name, fn in paths.items():
+            try:
+                ms = 1000 * time_path(fn, q, k, v, cu, m, args.repeat)
+            except (RuntimeError, NotImplementedError) as exc:
+                print(f"| {label} | {name} | n/a ({str(exc).splitlines()[0][:60]}) | |")
+                continue
+            base = base or ms
+            print(f"| {label} | {name} | {ms:.1f} | {base / ms:.1f}x |")
+    return 0

@@ -1,0 +1,48 @@
+"""The demo's pieces for real, shortened: data_prep/prepare_demo.sh on FOLDOC (the installed
+dict-foldoc, or the .deb fetched with `apt-get download`), then config_CPU_1x2x32x1.sh through
+run_and_time.sh for 20 steps (2 ranks); its open-division log passes the compliance checker. The
+full-length demo is `make demo` (measured in docs/performance.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.test_launch import ROOT, config_env
+from tests.e2e.test_train_compliance import PYTHONPATH, checker, events
+
+pytestmark = pytest.mark.slow
+
+
+def test_prepare_demo_and_a_short_demo_run(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "OUT_DIR": str(out), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH}
+    prep = subprocess.run(["bash", str(ROOT / "data_prep" / "prepare_demo.sh")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if prep.returncode != 0 and "cannot fetch dict-foldoc" in prep.stderr:
+        pytest.skip("dict-foldoc is neither installed nor downloadable here (apt-get download)")
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    assert "12014 articles" in prep.stdout and "verify: " in prep.stdout
+    assert "0 problem(s)" in prep.stdout
+
+    run_env = {**{k: v for k, v in os.environ.items()
+                  if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")},
+               **config_env(), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH,
+               "DATADIR_PHASE2": str(out / "unpadded"),
+               "EVAL_FILE": str(out / "hdf5" / "eval" / "eval_10k.hdf5"),
+               "LOGDIR": str(tmp_path / "results"), "SEED": "1", "CLEAR_CACHES": "0",
+               "MAX_SAMPLES_TERMINATION": "1280", "EVAL_ITER_START_SAMPLES": "1280",
+               "LOG_FREQ": "10"}
+    run = subprocess.run(["bash", str(ROOT / "run_and_time.sh")], env=run_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    log = tmp_path / "results" / "result_1.txt"
+    check = checker(log)
+    assert "SUCCESS" in check.stderr, check.stderr[-3000:]
+    ev = {e["key"]: e for e in events(log)}
+    assert ev["submission_division"]["value"] == "open"
+    assert ev["global_batch_size"]["value"] == 64 and ev["eval_samples"]["value"] == 2000
+    assert ev["run_stop"]["metadata"]["status"] == "aborted"  # 20 steps: far from 0.13

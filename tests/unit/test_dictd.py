@@ -1,0 +1,110 @@
+"""prep dictd: a dictd database (Debian's dict-* packages) to wikiextractor-format articles."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bertperf.errors import UserError
+from bertperf.prep.dictd import article_text, decode_number, read_index
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def b64(n: int) -> str:
+    out = ""
+    while True:
+        out = DIGITS[n % 64] + out
+        n //= 64
+        if n == 0:
+            return out
+
+
+def make_db(folder: Path, entries: list[tuple[str, str]], aliases=()) -> Path:
+    """NAME.dict.dz + NAME.index with these (headword, body) entries; aliases repeat a range."""
+    data, index, ranges = b"", [], {}
+    for word, body in entries:
+        raw = body.encode()
+        ranges[word] = (len(data), len(raw))
+        index.append(f"{word}\t{b64(len(data))}\t{b64(len(raw))}")
+        data += raw
+    for alias, target in aliases:
+        off, size = ranges[target]
+        index.append(f"{alias}\t{b64(off)}\t{b64(size)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "test.dict.dz").write_bytes(gzip.compress(data))
+    (folder / "test.index").write_text("\n".join(index) + "\n")
+    return folder / "test.dict.dz"
+
+
+ENTRY = """Lisp
+
+   <language> A {functional
+   programming language} designed by John McCarthy.
+
+   It has {garbage collection}.
+
+   (2003-01-02)
+
+"""
+
+
+def test_numbers_are_dictd_base64():
+    assert decode_number("A", Path("x"), 1) == 0 and decode_number("BA", Path("x"), 1) == 64
+    assert decode_number(b64(2_278_322), Path("x"), 1) == 2_278_322
+    with pytest.raises(UserError, match=r"x:7: '\*' is not a dictd base-64 number"):
+        decode_number("*", Path("x"), 7)
+
+
+def test_article_text_joins_paragraphs_and_strips_markup():
+    title, paragraphs = article_text(ENTRY)
+    assert title == "Lisp"
+    assert paragraphs == ["A functional programming language designed by John McCarthy.",
+                          "It has garbage collection."]
+
+
+def run_cli(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bertperf", "prep", "dictd", *args],
+                          capture_output=True, text=True,
+                          env={"PYTHONPATH": f"{ROOT / 'implementations' / 'pytorch'}",
+                               "PATH": "/usr/bin:/bin"})
+
+
+def test_cli_writes_wikiextractor_docs(tmp_path):
+    db = make_db(tmp_path / "db", [("00-database-info", "metadata\n"), ("Lisp", ENTRY),
+                                   ("empty", "empty\n\n   (2001-01-01)\n")],
+                 aliases=[("LISP", "Lisp")])
+    run = run_cli(["--dict", str(db), "--output", str(tmp_path / "out")])
+    assert run.returncode == 0, run.stderr
+    text = (tmp_path / "out" / "AA" / "wiki_00").read_text()
+    assert text == ('<doc id="1" url="dictd:test" title="Lisp">\nLisp\n\n'
+                    "A functional programming language designed by John McCarthy.\n"
+                    "It has garbage collection.\n</doc>\n")
+    assert "1 articles" in run.stdout
+
+
+def test_bad_databases_are_one_line_errors(tmp_path):
+    db = make_db(tmp_path / "db", [("Lisp", ENTRY)])
+    index = db.with_name("test.index")
+    index.write_text("Lisp\tA\n")
+    run = run_cli(["--dict", str(db), "--output", str(tmp_path / "out")])
+    assert run.returncode == 1 and f"{index}:1: expected" in run.stderr
+    index.write_text(f"Lisp\tA\t{b64(10**6)}\n")
+    run = run_cli(["--dict", str(db), "--output", str(tmp_path / "out")])
+    assert run.returncode == 1 and "past the end of" in run.stderr
+    index.unlink()
+    run = run_cli(["--dict", str(db), "--output", str(tmp_path / "out")])
+    assert run.returncode == 1 and f"{index}: no such file" in run.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("wiki_*"))
+
+
+def test_read_index_rejects_non_utf8(tmp_path):
+    bad = tmp_path / "bad.index"
+    bad.write_bytes(b"\xff\tA\tB\n")
+    with pytest.raises(UserError, match="not UTF-8"):
+        read_index(bad)
