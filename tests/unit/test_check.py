@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -662,3 +663,15 @@ def test_submission_refuses_bad_names(tmp_path, capsys, flag, value):
             "--out": str(tmp_path / "out"), flag: value}
     rc, _, err = cli(["submission"] + [x for kv in argv.items() for x in kv], capsys)
     assert rc == 1 and err.startswith(f"bertperf: error: {flag} {value!r}: use letters")
+
+
+def test_relative_paths_and_the_committed_results_pass(capsys, monkeypatch):
+    """The tools run in a scratch folder: a path relative to the caller must still be found.
+    The logs in results/ (real runs) must keep passing."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    logs = sorted(Path("results").glob("*/bert/result_*.txt"))
+    assert len(logs) == 10
+    rc, out, err = cli(["check", "--logs", *map(str, logs)], capsys)
+    assert rc == 0, out + err
+    assert out.count(" PASS ") == 10

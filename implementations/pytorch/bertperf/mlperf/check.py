@@ -432,10 +432,11 @@ def _olympic(results: list[Result]) -> None:
 def run_checks(logs: Iterable[str | Path] = (), results: Iterable[str | Path] = (),
                submissions: Iterable[str | Path] = (), rcp_bypass: bool = False,
                jobs: int | None = None) -> list[Result]:
-    """Every check asked for, in a stable order (the table's)."""
-    log_paths = expand_logs(logs)
-    result_dirs = [results_folder(r) for r in results]
-    orgs = [o for s in submissions for o in submitter_folders(s)]
+    """Every check asked for, in a stable order (the table's). Paths are made absolute: the
+    tools run in a scratch folder (they write files into their working directory)."""
+    log_paths = expand_logs([Path(p).absolute() for p in logs])
+    result_dirs = [results_folder(Path(r).absolute()) for r in results]
+    orgs = [o for s in submissions for o in submitter_folders(Path(s).absolute())]
     if not (log_paths or result_dirs or orgs):
         raise UserError("nothing to check: give --logs, --results or --submission")
     tool_version()
