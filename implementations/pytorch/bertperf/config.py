@@ -356,9 +356,8 @@ def validate(cfg: RunConfig) -> None:
     if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
         raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "
                         f"({init}.index)")
-    model = cfg.model.build()
-    if (model.vocab_size, model.hidden_size, model.num_hidden_layers) == (30522, 1024, 24):
-        from bertperf.mlperf.rcp import check_global_batch  # BERT-large: the benchmark itself
+    if cfg.model.build().is_mlperf_large:  # the benchmark itself: its batch must have an RCP
+        from bertperf.mlperf.rcp import check_global_batch
         check_global_batch(cfg.global_batch_size)
     _validate_checkpoint(cfg.checkpoint)
 

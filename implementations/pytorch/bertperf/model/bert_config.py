@@ -68,6 +68,14 @@ class BertConfig:
         return cls(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
                    num_attention_heads=16, intermediate_size=4096)
 
+    @property
+    def is_mlperf_large(self) -> bool:
+        """Whether this is the benchmark's model (MLPerf's BERT-large sizes and vocab): the one
+        the RCP table and the 0.34085 initial accuracy are about."""
+        large = BertConfig.large()
+        return (self.vocab_size, self.hidden_size, self.num_hidden_layers) == \
+            (large.vocab_size, large.hidden_size, large.num_hidden_layers)
+
     @classmethod
     def from_json(cls, path: str | Path) -> BertConfig:
         """Read a bert_config.json (the MLPerf/Google format: a flat object of the fields above;

@@ -81,6 +81,13 @@ def pick_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def rank0_printer(rank: int, prefix: str = "") -> Callable[[str], None]:
+    """A progress/warning printer to stderr that only rank 0 uses (the others stay silent)."""
+    if rank != 0:
+        return lambda line: None
+    return lambda line: print(prefix + line, file=sys.stderr, flush=True)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -112,8 +119,8 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
                          rank=dist.rank, world_size=dist.world_size, seed=cfg.train.seed,
                          layout="varlen", prefetch=cfg.data.prefetch, split=cfg.data.loader_split)
     eval_share, eval_total = load_eval_share(cfg.data.eval_file, dist.rank, dist.world_size)
-    warn = (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True)) \
-        if dist.rank == 0 else (lambda line: None)
+    report = rank0_printer(dist.rank)
+    warn = rank0_printer(dist.rank, "warning: ")
     preflight.verify_inputs(dist, device, loader.dataset.files, not loader.dataset.packed,
                             cfg.data.eval_file, eval_share, eval_total,
                             core.config.vocab_size, cfg.data.verify, warn)
@@ -121,8 +128,6 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
         warn(f"{cfg.data.eval_file}: {eval_total} eval samples; MLPerf's eval set has "
              f"{MLPERF_EVAL_SAMPLES:,}")
     if cfg.model.init_checkpoint is not None and cfg.model.init_eval:
-        report = (lambda line: print(line, file=sys.stderr, flush=True)) \
-            if dist.rank == 0 else (lambda line: None)
         warmstart.sanity_eval(lambda: mlm_accuracy(core, eval_share, cfg.train.eval_batch_size,
                                                    dist, device, autocast_for(cfg, device)),
                               core.config, report, warn)
@@ -252,8 +257,7 @@ def main(cfg: RunConfig) -> int:
             start = checkpoint.resume(t)  # checkpoint hook: RESUME_FROM (part of init)
             log.end(C.INIT_STOP)
             log.start(C.RUN_START)
-            printer = (lambda line: print(line, file=sys.stderr, flush=True)) \
-                if t.dist.rank == 0 else (lambda line: None)
+            printer = rank0_printer(t.dist.rank)
             try:
                 status, samples = run_loop(t, printer, start)
             except BaseException:

@@ -42,14 +42,9 @@ def manifest_problems(files: Sequence[Path], mode: str, rank: int, world_size: i
         entry = entries.get(path.name)
         if entry is None:
             problems.append(f"{path}: not in {folder / manifest.MANIFEST_NAME}")
-        elif not path.is_file():
-            problems.append(f"{path}: missing")
-        elif path.stat().st_size != entry.bytes:
-            problems.append(f"{path}: size {path.stat().st_size} != {entry.bytes} in the manifest "
-                            "(truncated or replaced)")
-        elif mode == "md5" and i % world_size == rank:
-            if why := manifest.check_file(path, entry):
-                problems.append(f"{path}: {why}")
+        elif why := manifest.check_file(path, entry,
+                                        md5=mode == "md5" and i % world_size == rank):
+            problems.append(f"{path}: {why}")
     return problems
 
 

@@ -21,16 +21,7 @@ TOLERANCE = 0.01
 def load_weights(core: BertForPreTraining, path) -> None:
     """Load INIT_CHECKPOINT (TF prefix or convert-ckpt output) into `core`, strictly."""
     from bertperf.model.convert_cli import load_init_checkpoint
-    state = load_init_checkpoint(path, core.config)
-    core.load_state_dict({k: v.to(core.bert.embeddings.word_embeddings.weight.device)
-                          for k, v in state.items()}, strict=True)
-
-
-def is_mlperf_shape(config: BertConfig) -> bool:
-    """Whether the model is the MLPerf checkpoint's BERT-large (so 0.34085 applies)."""
-    large = BertConfig.large()
-    return (config.vocab_size, config.hidden_size, config.num_hidden_layers) == \
-        (large.vocab_size, large.hidden_size, large.num_hidden_layers)
+    core.load_state_dict(load_init_checkpoint(path, core.config), strict=True)
 
 
 def sanity_eval(evaluate: Callable[[], float], config: BertConfig,
@@ -39,7 +30,7 @@ def sanity_eval(evaluate: Callable[[], float], config: BertConfig,
     TOLERANCE of MLPERF_INIT_ACCURACY."""
     accuracy = evaluate()
     report(f"init checkpoint: mlm accuracy {accuracy:.5f} before training")
-    if is_mlperf_shape(config) and abs(accuracy - MLPERF_INIT_ACCURACY) > TOLERANCE:
+    if config.is_mlperf_large and abs(accuracy - MLPERF_INIT_ACCURACY) > TOLERANCE:
         warn(f"init checkpoint: mlm accuracy {accuracy:.5f} is far from the reference's "
              f"{MLPERF_INIT_ACCURACY} for model.ckpt-28252 (wrong checkpoint, vocab or eval set?)")
     return accuracy
