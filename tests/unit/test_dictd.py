@@ -108,3 +108,14 @@ def test_read_index_rejects_non_utf8(tmp_path):
     bad.write_bytes(b"\xff\tA\tB\n")
     with pytest.raises(UserError, match="not UTF-8"):
         read_index(bad)
+
+
+def test_a_bad_late_entry_leaves_no_files(tmp_path):
+    """Every entry is checked before anything is written (--file_mb small: one file each)."""
+    db = make_db(tmp_path / "db", [("Lisp", ENTRY), ("Scheme", ENTRY.replace("Lisp", "Scheme"))])
+    index = db.with_name("test.index")
+    lines = index.read_text().splitlines()
+    index.write_text(lines[0] + "\n" + f"Scheme\tA\t{b64(10**6)}\n")
+    run = run_cli(["--dict", str(db), "--output", str(tmp_path / "out"), "--file_mb", "0.00001"])
+    assert run.returncode == 1 and "past the end of" in run.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*"))

@@ -132,22 +132,20 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{path}: no such file")
     name = index.stem
     limit = int(args.file_mb * 2**20)
-    files, chunk, size, count = 0, [], 0, 0
-
-    def flush() -> None:
-        nonlocal files, chunk, size
-        with atomic_output(args.output / "AA" / f"wiki_{files:02d}") as tmp:
-            tmp.write_text("".join(chunk), encoding="utf-8")
-        files, chunk, size = files + 1, [], 0
-
+    # every article is read (and so every entry checked) before the first file is written
+    files: list[list[str]] = [[]]
+    size = count = 0
     for count, (title, paragraphs) in enumerate(articles(dict_path, index), 1):
         block = (f'<doc id="{count}" url="dictd:{name}" title="{html.escape(title)}">\n'
                  f"{title}\n\n" + "\n".join(paragraphs) + "\n</doc>\n")
-        chunk.append(block)
-        size += len(block.encode("utf-8"))
         if size >= limit:
-            flush()
-    if chunk:
-        flush()
-    print(f"prep dictd: {count} articles from {dict_path} in {files} files under {args.output}")
+            files.append([])
+            size = 0
+        files[-1].append(block)
+        size += len(block.encode("utf-8"))
+    for i, blocks in enumerate(f for f in files if f):
+        with atomic_output(args.output / "AA" / f"wiki_{i:02d}") as tmp:
+            tmp.write_text("".join(blocks), encoding="utf-8")
+    print(f"prep dictd: {count} articles from {dict_path} in {sum(map(bool, files))} files "
+          f"under {args.output}")
     return 0
