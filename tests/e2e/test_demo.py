@@ -18,8 +18,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_prepare_demo_and_a_short_demo_run(tmp_path):
+    from bertperf.errors import UserError
+    from bertperf.resources import find_vocab
+    try:
+        vocab = find_vocab()
+    except UserError as exc:
+        pytest.skip(f"MLPerf vocab not found ({exc}); `make demo` installs it")
     out = tmp_path / "demo"
-    env = {**os.environ, "OUT_DIR": str(out), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH}
+    env = {**os.environ, "OUT_DIR": str(out), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH,
+           "VOCAB": str(vocab)}
     prep = subprocess.run(["bash", str(ROOT / "data_prep" / "prepare_demo.sh")], env=env,
                           capture_output=True, text=True, timeout=600)
     if prep.returncode != 0 and "cannot fetch dict-foldoc" in prep.stderr:
