@@ -8,8 +8,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "bertperf.prep._fastcreate",
-            sources=["implementations/pytorch/bertperf/prep/_fastcreate.c"],
+            "bertperf.prep.samples._fastcreate",
+            sources=["implementations/pytorch/bertperf/prep/samples/_fastcreate.c"],
             extra_compile_args=["-O2", "-std=c99"],
             optional=True,
         )

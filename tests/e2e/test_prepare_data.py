@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bertperf.prep import hdf5io
+from bertperf.formats import padded as hdf5io
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.prep import hdf5io
+from bertperf.formats import padded as hdf5io
 from tests.conftest import padded_digest
 
 pytestmark = pytest.mark.slow

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertperf.data.samples import Samples, offsets_from_lengths
-from bertperf.data.shards import write_shard
+from bertperf.formats.samples import Samples, offsets_from_lengths
+from bertperf.formats.unpadded import write_shard
 from tests.unit.test_train import MAX_PRED, MSL, copy_task, make_dataset
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.prep import hdf5io
-from bertperf.prep.create import fast_engine_available
+from bertperf.formats import padded as hdf5io
+from bertperf.prep.samples.create import fast_engine_available
 from tests.conftest import canonical_digest, synthetic_corpus
 
 GOLDEN = {  # data_prep_facts.md §A1.6: the reference script, unmodified, on the synthetic corpus

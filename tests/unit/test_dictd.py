@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bertperf.errors import UserError
-from bertperf.prep.dictd import article_text, decode_number, read_index
+from bertperf.prep.text.dictd import article_text, decode_number, read_index
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertperf.prep.create import build_instances, fast_engine_available
-from bertperf.prep.instances import Documents, Params, SpecialIds
+from bertperf.prep.samples.create import build_instances, fast_engine_available
+from bertperf.prep.samples.instances import Documents, Params, SpecialIds
 
 needs_c = pytest.mark.skipif(not fast_engine_available(), reason="C extension not built")
 
@@ -87,4 +87,4 @@ def test_c_extension_built_when_a_compiler_exists():
 
     if shutil.which("cc") is None:
         pytest.skip("no C compiler on this machine: the pure-Python path is used")
-    assert fast_engine_available(), "C compiler present but bertperf.prep._fastcreate not built"
+    assert fast_engine_available(), "C compiler present but bertperf.prep.samples._fastcreate not built"

@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 from bertperf.bench.loader import synthetic_samples, write_synthetic_packed
-from bertperf.data.loader import (EpochPlan, PackedReader, ShardDataset, ShardLoader, ShardReader,
-                                  collate_varlen, open_shard, permutation)
-from bertperf.data.samples import Samples
-from bertperf.data.shards import FIELDS, read_shard, write_shard
+from bertperf.data.collate import collate_varlen
+from bertperf.data.dataset import ShardDataset
+from bertperf.data.loader import ShardLoader
+from bertperf.data.order import EpochPlan, permutation
+from bertperf.data.readers import PackedReader, ShardReader, open_shard
 from bertperf.errors import UserError
+from bertperf.formats.samples import Samples
+from bertperf.formats.unpadded import FIELDS, read_shard, write_shard
 
 L, P = 64, 10
 
@@ -115,7 +118,7 @@ def test_corrupt_or_foreign_shards_are_named(tmp_path, shards):
     other = tmp_path / "other.h5"
     with h5py.File(other, "w") as f:
         f.create_dataset("input_ids", data=np.zeros((2, 4)))
-    with pytest.raises(UserError, match="other.h5.*not a bertperf-unpadded/1"):
+    with pytest.raises(UserError, match="other.h5: not a sample file"):
         ShardReader(other)
     with h5py.File(tmp_path / "half.h5", "w") as f:
         f.attrs["format"] = "bertperf-packed/1"
@@ -293,13 +296,14 @@ def test_lazy_open_and_bounded_cache(tmp_path):
 def test_manifest_counts_used_and_checked(tmp_path):
     paths = make_shards(tmp_path / "m", [4, 6], seed=2)
     doc = {"format": "bertperf-manifest/1", "files": {
-        "part_00000.h5": {"samples": 4}, "part_00001.h5": {"samples": 7}}}
+        name: {"md5": "0" * 32, "bytes": 1, "samples": n, "stage": "chop", "key": "k"}
+        for name, n in (("part_00000.h5", 4), ("part_00001.h5", 7))}}
     (tmp_path / "m" / "MANIFEST.json").write_text(json.dumps(doc))
     ds = ShardDataset.from_folder(tmp_path / "m")
     assert ds.counts.tolist() == [4, 7] and ds.max_seq_length == L and ds.max_pred == P
     with pytest.raises(UserError, match="part_00001.h5: holds 6 samples, but 7"):
         list(ShardLoader(ds, 2, prefetch=2))
-    with pytest.raises(UserError, match="no shards"):
+    with pytest.raises(UserError, match="no sample files"):
         ShardDataset.from_folder(tmp_path)
     (tmp_path / "m" / "MANIFEST.json").unlink()  # without a manifest: counts from the headers
     assert ShardDataset(paths).counts.tolist() == [4, 6]
@@ -323,7 +327,7 @@ def test_arguments_checked(shards):
 
 
 def test_to_torch_is_optional(shards):
-    from bertperf.data.loader import to_torch
+    from bertperf.data.collate import to_torch
     batch = next(iter(ShardLoader(ShardDataset(shards), 4, prefetch=0)))
     try:
         import torch  # noqa: F401
@@ -359,7 +363,7 @@ def row_keys(batch: dict) -> list[bytes]:
 
 
 def test_packed_reader_matches_packed_batch(packed_shards):
-    from bertperf.data.packed import read_packed
+    from bertperf.formats.packed import read_packed
 
     full, meta = read_packed(packed_shards[0])
     r = open_shard(packed_shards[0])
@@ -397,7 +401,7 @@ def test_packed_loader(packed_shards):
 
 
 def test_formats_do_not_mix(shards, packed_shards):
-    with pytest.raises(UserError, match="bertperf-unpadded/1 shard among bertperf-packed/1"):
+    with pytest.raises(UserError, match="unpadded shard among packed ones"):
         ShardDataset([packed_shards[0], shards[0]])
 
 

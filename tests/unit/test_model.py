@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertperf.data.samples import Samples, offsets_from_lengths
 from bertperf.errors import UserError
+from bertperf.formats.samples import Samples, offsets_from_lengths
 from bertperf.model import (BertConfig, BertForPreTraining, PaddedBatch, PaddedBertForPreTraining,
                             UnpaddedBatch, from_hf_state_dict, pad, tf_name, tf_transposed,
                             to_hf_state_dict, unpack_rows, unpad)
@@ -144,12 +144,12 @@ def test_unpadded_batch_from_varlen_arrays():
 def test_batches_from_the_data_side():
     """collate_varlen and Packed.batch output convert to the same UnpaddedBatch as the padded
     arrays of the same samples."""
-    loader = pytest.importorskip("bertperf.data.loader")
-    packed = pytest.importorskip("bertperf.data.packed")
+    from bertperf.data.collate import collate_varlen, to_torch
+    from bertperf.formats.packed import Packed
     s = samples([30, 7, 12, 5, 40], seed=2)
     expected = unpad(PaddedBatch.from_arrays(s.to_padded(40, MAX_PRED)))
-    rows = packed.Packed.from_samples(s, np.arange(5), np.array([3, 2]))
-    for got in (UnpaddedBatch.from_arrays(loader.to_torch(loader.collate_varlen(s))),
+    rows = Packed.from_samples(s, np.arange(5), np.array([3, 2]))
+    for got in (UnpaddedBatch.from_arrays(to_torch(collate_varlen(s))),
                 unpack_rows(rows.batch(max_seq_length=64, max_pred=MAX_PRED))):
         assert_same_batch(got, expected)
 

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.data.packed import Packed, read_packed, write_packed
-from bertperf.data.samples import Samples, offsets_from_lengths
-from bertperf.data.shards import read_shard, write_nvidia, write_shard
-from bertperf.prep import hdf5io
-from bertperf.prep.packing import Packer, Rows, assign_present, histogram, plan_packing
+from bertperf.formats import padded as hdf5io
+from bertperf.formats.nvidia import write_varlen as write_nvidia
+from bertperf.formats.packed import Packed, read_packed, write_packed
+from bertperf.formats.samples import Samples, offsets_from_lengths
+from bertperf.formats.unpadded import read_shard, write_shard
+from bertperf.prep.shards.packing import Packer, Rows, assign_present, histogram, plan_packing
 
 L = 512
 CLS, SEP = 101, 102
@@ -185,7 +186,7 @@ def test_assign_present(k):
 BOUNDED_MEMORY_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from bertperf.prep.packing import pack_lengths
+    from bertperf.prep.shards.packing import pack_lengths
 
     def peak_rss_kb():  # this process's high-water RSS (ru_maxrss would include the parent's)
         with open("/proc/self/status") as f:

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.data.packed import Packed, write_packed
-from bertperf.data.samples import Samples, offsets_from_lengths
-from bertperf.data.shards import write_nvidia, write_shard
-from bertperf.prep import hdf5io
-from bertperf.prep.stats import hist_median
+from bertperf.formats import padded as hdf5io
+from bertperf.formats.nvidia import write_varlen as write_nvidia
+from bertperf.formats.packed import Packed, write_packed
+from bertperf.formats.samples import Samples, offsets_from_lengths
+from bertperf.formats.unpadded import write_shard
+from bertperf.prep.shards.stats import hist_median
 
 L = 512
 LENGTHS = [10, 20, 30, 512]

@@ -12,9 +12,10 @@ import pytest
 
 from bertperf.__main__ import main
 from bertperf.bench.loader import synthetic_samples
-from bertperf.data.loader import ShardLoader, stratified_datasets
-from bertperf.data.shards import read_shard, write_shard
-from bertperf.prep.stratify import bin_names, dealt
+from bertperf.data.dataset import stratified_datasets
+from bertperf.data.loader import ShardLoader
+from bertperf.formats.unpadded import read_shard, write_shard
+from bertperf.prep.shards.stratify import bin_names, dealt
 
 L, P = 512, 76
 EDGES = [128, 256, 384, 512]
@@ -165,7 +166,7 @@ def test_bad_arguments(unpadded, tmp_path, capsys):
     assert stratify(unpadded, tmp_path / "o", "--bins", "128,256") == 1  # shards allow 512
     assert "max_seq_length 512" in capsys.readouterr().err
     assert stratify(tmp_path / "nothing", tmp_path / "o") == 1
-    assert "no such input folder" in capsys.readouterr().err
+    assert "nothing: no such input" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

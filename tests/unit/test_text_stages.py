@@ -35,10 +35,10 @@ import pytest
 
 import bertperf
 from bertperf.__main__ import main
-from bertperf.prep import manifest
-from bertperf.prep.clean import clean_sh, clean_text
-from bertperf.prep.punkt345 import PunktSentenceTokenizer345
-from bertperf.prep.segment import english_tokenizer, segment_text
+from bertperf.formats import manifest
+from bertperf.prep.text.clean import clean_sh, clean_text
+from bertperf.prep.text.punkt345 import PunktSentenceTokenizer345
+from bertperf.prep.text.segment import english_tokenizer, segment_text
 
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wiki_sample"
 SAMPLE_FILES = ["wiki_00", "wiki_01", "wiki_02", "wiki_03"]

@@ -1,4 +1,4 @@
-"""bertperf.prep.tokenization: exact parity with the MLPerf reference tokenization.py (FullTokenizer)."""
+"""bertperf.prep.samples.tokenization: exact parity with the MLPerf reference tokenization.py (FullTokenizer)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,10 @@ from pathlib import Path
 import pytest
 
 from bertperf.errors import UserError
-from bertperf.prep import tokenization as tk
-from bertperf.prep.tokenization import (
-    MLPERF_VOCAB_MD5,
-    SAFE_RANGES,
-    ReferenceTokenizer,
-    Tokenizer,
-    build_hf_tokenizer,
-    is_fast_safe,
-    load_vocab,
-    vocab_md5_warning,
-)
+from bertperf.prep.samples import tokenization as tk
+from bertperf.prep.samples.tokenization import (MLPERF_VOCAB_MD5, SAFE_RANGES, ReferenceTokenizer,
+                                                Tokenizer, build_hf_tokenizer, is_fast_safe,
+                                                load_vocab, vocab_md5_warning)
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 REAL_VOCAB = SHARED / "data" / "vocab" / "vocab.txt"
@@ -341,7 +334,7 @@ def test_skipped_code_points_cannot_matter():
     """The Unicode tables skip planes 4-13 and 15-16: every code point there must be Cn or Co."""
     import unicodedata
 
-    from bertperf.prep.tokenization import _scanned_code_points
+    from bertperf.prep.samples.tokenization import _scanned_code_points
 
     scanned = set(_scanned_code_points())
     others = [cp for cp in range(0x110000)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from bertperf.data.samples import Samples, offsets_from_lengths
-from bertperf.data.shards import write_shard
-from bertperf.prep.hdf5io import write_samples
+from bertperf.formats.padded import write_samples
+from bertperf.formats.samples import Samples, offsets_from_lengths
+from bertperf.formats.unpadded import write_shard
 
 VOCAB, MSL, MAX_PRED = 32, 16, 4
 CLS, SEP, MASK = 1, 2, 3
@@ -66,7 +66,7 @@ def add_manifests(env: dict) -> dict:
     as the prep stages do (the trainer verifies data against them)."""
     import h5py
 
-    from bertperf.prep import manifest
+    from bertperf.formats import manifest
     train, eval_file = Path(env["DATADIR_PHASE2"]), Path(env["EVAL_FILE"])
     for path in [*sorted(train.glob("*.h5")), eval_file]:
         with h5py.File(path, "r") as f:
@@ -152,7 +152,7 @@ def trainer_for_step(ga: int, seed: int = 0):
 
 
 def batches_of(samples: Samples, size: int):
-    from bertperf.data.loader import collate_varlen
+    from bertperf.data.collate import collate_varlen
     from bertperf.model import UnpaddedBatch
     for start in range(0, len(samples), size):
         yield UnpaddedBatch.from_arrays(collate_varlen(samples.take(np.arange(start, start + size)))

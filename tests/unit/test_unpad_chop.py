@@ -16,10 +16,11 @@ import pytest
 
 import bertperf
 from bertperf.__main__ import main
-from bertperf.data import shards
-from bertperf.data.samples import Samples
-from bertperf.prep import hdf5io
-from bertperf.prep.chop import permutation, shard_counts
+from bertperf.formats import padded as hdf5io
+from bertperf.formats import nvidia
+from bertperf.formats import unpadded as shards
+from bertperf.formats.samples import Samples
+from bertperf.prep.shards.chop import permutation, shard_counts
 from tests.conftest import synthetic_corpus
 
 N_SHARDS = 7
@@ -138,9 +139,9 @@ def test_unpad_nvidia_layout_both_ways(padded, unpadded, nvidia_unpadded, tmp_pa
     for src in files(padded, ".hdf5"):
         expect = Samples.from_padded(hdf5io.read_samples(src))
         out = nvidia_unpadded / src.name
-        assert same_values(shards.read_nvidia(out), expect)
+        assert same_values(nvidia.read_varlen(out), expect)
         with h5py.File(out) as f:
-            assert sorted(f) == sorted(shards.NVIDIA_FIELDS)
+            assert sorted(f) == sorted(nvidia.FIELDS)
             for k, dt in (("input_ids", np.int16), ("segment_ids", np.int8),
                           ("masked_lm_positions", np.int16), ("masked_lm_ids", np.int16)):
                 assert h5py.check_vlen_dtype(f[k].dtype) == dt, k
@@ -325,7 +326,7 @@ def test_chop_nvidia_layout(unpadded, nvidia_unpadded, chopped, tmp_path):
     assert [p.name for p in outs] == \
         [f"part_{k:05d}_of_{N_SHARDS:05d}.hdf5" for k in range(N_SHARDS)]
     for p, q in zip(outs, files(chopped, ".h5")):
-        assert same_values(shards.read_nvidia(p), shards.read_shard(q)[0])
+        assert same_values(nvidia.read_varlen(p), shards.read_shard(q)[0])
     assert cli("verify", nv) == 0
 
 

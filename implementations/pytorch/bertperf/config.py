@@ -103,7 +103,7 @@ class DataConfig:
     """Check the shards and the eval file against their folders' MANIFEST.json before training
     (bertperf.train.preflight): "md5" (sizes, and md5s spread over the ranks), "size" or "none"."""
     loader_split: str = _var("LOADER_SPLIT", str, "global_batch")
-    """How ranks share the epoch (bertperf.data.loader): "global_batch" (default): each global
+    """How ranks share the epoch (bertperf.data.order): "global_batch" (default): each global
     batch of WORLD_SIZE*BATCHSIZE consecutive samples of the one epoch stream is cut into per-rank
     parts, so the run's batches, and so its result, do not depend on the number of ranks;
     "shards": each rank reads its own contiguous slice of the stream (fewer shards per rank)."""

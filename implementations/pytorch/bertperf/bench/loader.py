@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bertperf.data.loader import ShardDataset, ShardLoader
-from bertperf.data.samples import Samples, offsets_from_lengths, ranges
-from bertperf.data.shards import write_shard
+from bertperf.data.dataset import ShardDataset
+from bertperf.data.loader import ShardLoader
 from bertperf.errors import UserError
+from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
+from bertperf.formats.unpadded import write_shard
 
 HELP = "samples/s of the data loader per worker for each batch layout, and its peak memory"
 GOAL_RATE = 5000
@@ -95,7 +96,7 @@ def write_synthetic_shards(folder: Path, shards: int, per_shard: int, seed: int,
 
 def synthetic_packed(samples: Samples, max_seq_length: int = 512, max_seqs_per_row: int = 3):
     """The samples packed greedily in their order (a new row when the next one does not fit)."""
-    from bertperf.data.packed import Packed
+    from bertperf.formats.packed import Packed
 
     sizes, fill, count = [], 0, 0
     for n in samples.lengths.tolist():
@@ -111,7 +112,7 @@ def synthetic_packed(samples: Samples, max_seq_length: int = 512, max_seqs_per_r
 def write_synthetic_packed(folder: Path, shards: int, per_shard: int, seed: int,
                            max_seq_length: int = 512, max_pred: int = 76) -> list[Path]:
     """Packed shards of per_shard synthetic samples each (rows of up to 3 sequences)."""
-    from bertperf.data.packed import write_packed
+    from bertperf.formats.packed import write_packed
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         work = Path(tmp)
         if args.data:
             datasets = [ShardDataset.from_folder(args.data)]
-            source = f"{args.data} ({len(datasets[0])} {datasets[0].format} shards)"
+            source = f"{args.data} ({len(datasets[0])} {datasets[0].kind} shards)"
         else:
             t0 = time.perf_counter()
             write_synthetic_shards(work / "rate", args.shards, args.samples_per_shard, args.seed)

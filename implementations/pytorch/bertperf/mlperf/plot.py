@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from bertperf.errors import UserError
-from bertperf.prep.fileio import atomic_output
+from bertperf.formats.files import atomic_output
 
 TRAIN_LOSS = "train_loss"
 """Our extra MLPerf-log key: value = the step's loss; metadata samples_count, step, lr."""

@@ -54,7 +54,7 @@ class UnpaddedBatch:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Array]) -> UnpaddedBatch:
-        """From `bertperf.data.loader.collate_varlen` output (numpy or torch, any device;
+        """From `bertperf.data.collate.collate_varlen` output (numpy or torch, any device;
         keys other than the fields are ignored)."""
         return cls(
             input_ids=_long(arrays["input_ids"]),
@@ -136,7 +136,7 @@ def pad(batch: UnpaddedBatch, max_seq_length: int, max_pred: int) -> PaddedBatch
 
 
 def unpack_rows(arrays: Mapping[str, Array]) -> UnpaddedBatch:
-    """The sequences of packed rows (`bertperf.data.packed.Packed.batch`: R rows of L tokens,
+    """The sequences of packed rows (`bertperf.formats.packed.Packed.batch`: R rows of L tokens,
     up to K sequences each) as an unpadded batch of all their sequences, in row order: the row
     grouping disappears, every sequence is attended and pooled by itself. Uses input_ids,
     input_mask, segment_ids, position_ids, seq_lengths [R, K] (0 = no sequence),

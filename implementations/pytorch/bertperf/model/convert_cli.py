@@ -19,10 +19,10 @@ import torch
 
 from bertperf.config import ModelConfig
 from bertperf.errors import UserError
+from bertperf.formats.files import atomic_output
 from bertperf.model.bert import BertForPreTraining
 from bertperf.model.bert_config import BertConfig
 from bertperf.model.tf_checkpoint import state_dict_from_tf
-from bertperf.prep.fileio import atomic_output
 
 
 def add_convert_parser(sub: argparse._SubParsersAction) -> None:

@@ -9,18 +9,18 @@ import argparse
 import importlib
 
 STAGES = {
-    "dictd": "bertperf.prep.dictd",
-    "clean": "bertperf.prep.clean",
-    "segment": "bertperf.prep.segment",
-    "split": "bertperf.prep.split",
-    "create": "bertperf.prep.create",
-    "eval": "bertperf.prep.pick_eval",
+    "dictd": "bertperf.prep.text.dictd",
+    "clean": "bertperf.prep.text.clean",
+    "segment": "bertperf.prep.text.segment",
+    "split": "bertperf.prep.text.split",
+    "create": "bertperf.prep.samples.create",
+    "eval": "bertperf.prep.samples.pick_eval",
     "verify": "bertperf.prep.verify",
-    "unpad": "bertperf.prep.unpad",
-    "chop": "bertperf.prep.chop",
-    "pack": "bertperf.prep.pack",
-    "stratify": "bertperf.prep.stratify",
-    "stats": "bertperf.prep.stats",
+    "unpad": "bertperf.prep.shards.unpad",
+    "chop": "bertperf.prep.shards.chop",
+    "pack": "bertperf.prep.shards.pack",
+    "stratify": "bertperf.prep.shards.stratify",
+    "stats": "bertperf.prep.shards.stats",
 }
 
 

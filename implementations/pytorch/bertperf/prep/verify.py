@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from bertperf.errors import UserError
-from bertperf.prep import manifest
-from bertperf.prep.fileio import md5_file
+from bertperf.formats import manifest
+from bertperf.formats.files import md5_file
 
 HELP = "verify folders against their manifests; name every bad file"
 
@@ -38,7 +38,7 @@ def check_folder(folder: Path) -> list[str]:
         path = folder / name
         why = manifest.check_file(path, entry)
         if why is None and name.endswith((".hdf5", ".h5")) and entry.samples is not None:
-            from bertperf.prep.hdf5io import count_samples
+            from bertperf.formats.padded import count_samples
 
             try:
                 if (n := count_samples(path)) != entry.samples:
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.md5sum_list:
         problems += check_md5sum_list(Path(args.md5sum_list), folders)
     if args.vocab_file:
-        from bertperf.prep.tokenization import vocab_md5_warning
+        from bertperf.prep.samples.tokenization import vocab_md5_warning
 
         if warning := vocab_md5_warning(args.vocab_file):
             print(f"verify: warning: {warning}", file=sys.stderr)

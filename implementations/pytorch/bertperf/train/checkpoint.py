@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from bertperf.errors import UserError
-from bertperf.prep.fileio import atomic_output
+from bertperf.formats.files import atomic_output
 
 FORMAT = "bertperf-checkpoint-1"
 NAME = re.compile(r"^ckpt_(\d+)\.pt$")

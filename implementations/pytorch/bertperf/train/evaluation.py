@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertperf.data.loader import collate_varlen
-from bertperf.data.samples import Samples
+from bertperf.data.collate import collate_varlen
+from bertperf.formats.padded import read_samples
+from bertperf.formats.samples import Samples
 from bertperf.model import UnpaddedBatch
-from bertperf.prep.hdf5io import read_samples
 from bertperf.train.dist import Dist
 
 

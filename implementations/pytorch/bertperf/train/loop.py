@@ -31,8 +31,9 @@ from mlperf_logging.mllog import constants as C  # noqa: N812
 from torch.nn.parallel import DistributedDataParallel
 
 from bertperf.config import RunConfig
-from bertperf.data.loader import ShardDataset, ShardLoader
-from bertperf.data.samples import Samples
+from bertperf.data.dataset import ShardDataset
+from bertperf.data.loader import ShardLoader
+from bertperf.formats.samples import Samples
 from bertperf.mlperf.log import MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
 from bertperf.model import BertForPreTraining, UnpaddedBatch

@@ -18,9 +18,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from bertperf.data.samples import Samples
 from bertperf.errors import UserError
-from bertperf.prep import manifest
+from bertperf.formats import manifest
+from bertperf.formats.samples import Samples
 from bertperf.train.dist import Dist
 
 
@@ -95,7 +95,7 @@ def verify_inputs(dist: Dist, device: torch.device, files: Sequence[Path], unpad
         problems += [p for p in (eval_count_problem(eval_file, eval_total),
                                  vocab_problem(eval_share, vocab_size, str(eval_file))) if p]
         if unpadded and not problems:
-            from bertperf.data.shards import read_shard
+            from bertperf.formats.unpadded import read_shard
             first = files[dist.rank % len(files)]
             problems += [p for p in [vocab_problem(read_shard(first)[0], vocab_size, str(first))]
                          if p]

@@ -8,7 +8,7 @@ Writes one folder per bin (`bin_001-128/`, `bin_129-256/`, ...), each with K sha
 and a MANIFEST.json, plus `stratify.json`: samples and tokens per bin. A sample of n tokens goes to
 the first bin whose upper edge is >= n. A sampler can then give every rank's batch the same length
 profile by drawing fixed counts from each bin (Samsung's MLPerf v1.1 local presorting;
-data_prep_facts §A4). `bertperf.data.loader.stratified_datasets(folder)` opens the bins.
+data_prep_facts §A4). `bertperf.data.dataset.stratified_datasets(folder)` opens the bins.
 
 How (memory bounded by one input shard per worker in pass 1 and by --max_task_samples in pass 2):
   1. each input shard (workers in parallel) is read, its samples are split by bin and shuffled
@@ -26,7 +26,6 @@ so a failure (e.g. a corrupt input shard, named in the one-line error) leaves no
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -36,12 +35,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bertperf.data.loader import ShardReader, permutation
-from bertperf.data.samples import Samples
-from bertperf.data.shards import read_shard, shard_meta, write_shard
+from bertperf.data.order import permutation
+from bertperf.data.readers import ShardReader
 from bertperf.errors import UserError
-from bertperf.prep import manifest
-from bertperf.prep.fileio import atomic_output
+from bertperf.formats import detect, manifest
+from bertperf.formats.files import atomic_output
+from bertperf.formats.samples import Samples
+from bertperf.formats.unpadded import read_shard, shard_meta, write_shard
 from bertperf.prep.parallel import World, default_workers, run_tasks
 
 HELP = "split unpadded shards into length bins (e.g. 1-128 ... 385-512), each shuffled and sharded"
@@ -205,24 +205,6 @@ def run_parts(task: PartTask) -> list[tuple[int, int, int]]:
 
 # ---- planning -----------------------------------------------------------------------------------
 
-def find_inputs(folder: Path, pattern: str | None) -> list[Path]:
-    if not folder.is_dir():
-        raise UserError(f"{folder}: no such input folder")
-    globs = [pattern] if pattern else ["*.h5", "*.hdf5"]
-    files = sorted({p for g in globs for p in folder.glob(g)
-                    if p.is_file() and not p.name.startswith(".")})
-    if not files:
-        raise UserError(f"{folder}: no shards match {' or '.join(globs)}")
-    return files
-
-
-def input_identity(inputs: list[Path]) -> list[list]:
-    """Each input's name and md5 (from its folder's MANIFEST.json when recorded, else its size)."""
-    entries = manifest.load(inputs[0].parent)
-    return [[p.name, entries[p.name].md5 if p.name in entries else p.stat().st_size]
-            for p in inputs]
-
-
 def replace_outputs(out_dir: Path, tmp: Path, names: list[str], summary: dict) -> None:
     """Swap the new bin folders (made in `tmp`) and stratify.json in for any earlier ones; on an
     error the earlier ones are put back."""
@@ -256,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     if args.shards_per_bin < 0 or args.max_task_samples < 1:
         raise UserError("--shards_per_bin and --max_task_samples must be positive")
     in_dir, out_dir = Path(args.input), Path(args.output)
-    inputs = find_inputs(in_dir, args.input_glob)
+    inputs = detect.sample_files(in_dir, pattern=args.input_glob)
     if out_dir.resolve() == in_dir.resolve():
         raise UserError(f"{out_dir}: output folder must differ from the input folder")
     metas = [shard_meta(p) for p in inputs]  # cheap: headers only; fails on a corrupt header
@@ -290,8 +272,7 @@ def run(args: argparse.Namespace) -> int:
         tokens = np.array([t for _, t in results], dtype=np.int64).reshape(len(inputs), len(edges))
         # pass 2
         params = {"bins": edges, "shards_per_bin": k, "seed": args.seed}
-        key = hashlib.md5(json.dumps({"stage": STAGE, "params": params,
-                                      "inputs": input_identity(inputs)}).encode()).hexdigest()
+        key = manifest.task_key(STAGE, params, [(p.name, manifest.recorded_md5(p)) for p in inputs])
         tasks = []
         for b, (name, lo, hi) in enumerate(names):
             total = int(counts[:, b].sum())

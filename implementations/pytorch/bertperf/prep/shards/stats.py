@@ -31,12 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bertperf.data import packed as packed_format
 from bertperf.errors import UserError
-from bertperf.prep.fileio import atomic_output
-from bertperf.prep.pack import SUFFIXES, detect, list_inputs, scan_lengths
-from bertperf.prep.packing import MAX_SEQS_PER_ROW, plan_packing
+from bertperf.formats import detect
+from bertperf.formats import packed as packed_format
+from bertperf.formats.files import atomic_output
 from bertperf.prep.parallel import World, default_workers, run_tasks
+from bertperf.prep.shards.pack import scan_lengths
+from bertperf.prep.shards.packing import MAX_SEQS_PER_ROW, plan_packing
 
 HELP = "sample count, mean/median length, padding, masks, NSP, packing efficiency; PNG histogram"
 
@@ -66,7 +67,7 @@ class FileStats:
 
 def scan_file(path: str | Path) -> FileStats:
     path = Path(path)
-    kind = detect(path)
+    kind = detect.kind(path)
     if kind != "packed":
         s = scan_lengths(path, kind)
         return FileStats(kind, s.hist, s.samples, s.masked, s.nsp_random, s.max_seq_length)
@@ -223,12 +224,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, not {args.workers}")
     target = Path(args.folder)
-    if target.is_file():
-        if target.suffix not in SUFFIXES:
-            raise UserError(f"{target}: not a sample file (*.hdf5, *.h5, *.hdf)")
-        files = [target]
-    else:
-        files = list_inputs(target)
+    files = detect.sample_files(target)
     world = World()
     st = compute(files, args.workers, args.max_seqs_per_row, world)
     if world.rank != 0:

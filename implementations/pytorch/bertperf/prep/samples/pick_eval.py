@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from bertperf.errors import UserError
-from bertperf.prep import hdf5io, manifest
-from bertperf.prep.fileio import atomic_output
+from bertperf.formats import manifest, padded
+from bertperf.formats.files import atomic_output
 
 HELP = "pick the eval samples (reference pick_eval_samples.py rule)"
 STAGE = "eval"
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.num_examples_to_pick < 1:
         raise UserError("--num_examples_to_pick must be at least 1")
-    arrays = hdf5io.read_samples(src)
+    arrays = padded.read_samples(src)
     n = len(arrays["next_sentence_labels"])
     if arrays["input_ids"].shape[1] != args.max_seq_length or \
             arrays["masked_lm_positions"].shape[1] != args.max_predictions_per_seq:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                         f"{args.num_examples_to_pick} (the eval set would repeat samples)")
     rows = pick_indices(n, args.num_examples_to_pick)
     with atomic_output(dst) as tmp:
-        hdf5io.write_arrays(tmp, {k: v[rows] for k, v in arrays.items()})
+        padded.write_arrays(tmp, {k: v[rows] for k, v in arrays.items()})
     manifest.record(dst.parent, dst.name, manifest.entry_for(dst, STAGE, key, samples=len(rows)))
     manifest.finalize(dst.parent)
     print(f"eval: picked {len(rows)} of {n} samples into {dst}", file=sys.stderr)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bertperf.data.samples import Samples, offsets_from_lengths
 from bertperf.errors import UserError
+from bertperf.formats.samples import Samples, offsets_from_lengths
 
 
 @dataclass(frozen=True)

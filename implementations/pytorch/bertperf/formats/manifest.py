@@ -14,9 +14,10 @@ import os
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 from bertperf.errors import UserError
-from bertperf.prep.fileio import atomic_output, md5_file
+from bertperf.formats.files import atomic_output, md5_file
 
 MANIFEST_NAME = "MANIFEST.json"
 FORMAT = "bertperf-manifest/1"
@@ -33,13 +34,12 @@ class Entry:
     key: str  # hash of the stage, its parameters and its inputs' md5s: a changed input reruns the file
 
 
-def task_key(stage: str, params: dict, inputs: list[str | os.PathLike]) -> str:
-    """Identify a task by what it reads and how; inputs are identified by content, not by name."""
-    doc = {
-        "stage": stage,
-        "params": params,
-        "inputs": [[Path(p).name, md5_file(p)] for p in inputs],
-    }
+def task_key(stage: str, params: dict, inputs: Sequence[str | os.PathLike | tuple[str, str]]) -> str:
+    """The resume key of a task: a hash of its stage, its parameters and its inputs, each input
+    identified by name and content (a path, hashed here, or a (name, md5) pair already known).
+    A stage skips an output whose recorded key equals this key and whose md5 still verifies."""
+    named = [tuple(i) if isinstance(i, tuple) else (Path(i).name, md5_file(i)) for i in inputs]
+    doc = {"stage": stage, "params": params, "inputs": [[n, m] for n, m in named]}
     return hashlib.md5(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -117,3 +117,54 @@ def check_file(path: Path, e: Entry, md5: bool = True) -> str | None:
     if md5 and md5_file(path) != e.md5:
         return "md5 differs from manifest (corrupt or replaced)"
     return None
+
+
+# ---- inputs checked against the manifest of their folder -------------------------------------------
+
+_CACHE: dict[tuple, dict[str, Entry]] = {}
+
+
+def folder_entries(folder: str | os.PathLike) -> dict[str, Entry]:
+    """`load(folder)`, or {} when the folder has no manifest; cached per process while the
+    manifest and its fragments are unchanged (a stage asks once per input file)."""
+    folder = Path(folder)
+    stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                  for p in _fragments(folder) + [folder / MANIFEST_NAME] if p.exists())
+    key = (str(folder.resolve()), stamp)
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = load(folder) if stamp else {}
+    return _CACHE[key]
+
+
+def verified_md5(path: str | os.PathLike) -> str:
+    """The md5 of input `path`, hashed now; a UserError naming the file when its folder's
+    manifest records another size or md5 (a truncated, corrupt or replaced input)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such input file")
+    entry = folder_entries(path.parent).get(path.name)
+    where = path.parent / MANIFEST_NAME
+    if entry is not None and (size := path.stat().st_size) != entry.bytes:
+        raise UserError(f"{path}: {size} bytes but {where} records {entry.bytes} "
+                        "(truncated or replaced)")
+    md5 = md5_file(path)
+    if entry is not None and md5 != entry.md5:
+        raise UserError(f"{path}: md5 {md5} differs from {entry.md5} recorded in {where} "
+                        "(corrupt or replaced)")
+    return md5
+
+
+def recorded_md5(path: str | os.PathLike) -> str:
+    """The md5 of `path` as its folder's manifest records it when the size still matches (no
+    hashing), else hashed now: a cheap identity for resume keys of whole-folder stages."""
+    path = Path(path)
+    entry = folder_entries(path.parent).get(path.name)
+    if entry is not None and path.stat().st_size == entry.bytes:
+        return entry.md5
+    return md5_file(path)
+
+
+def sample_counts(files: Sequence[Path]) -> list[int | None]:
+    """Sample counts that the files' folder manifests record (None where not recorded)."""
+    return [getattr(folder_entries(p.parent).get(p.name), "samples", None) for p in files]

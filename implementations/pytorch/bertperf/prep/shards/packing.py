@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bertperf.data.samples import offsets_from_lengths, ranges
+from bertperf.formats.samples import offsets_from_lengths, ranges
 
 MAX_SEQS_PER_ROW = 3
 DEFAULT_MAX_PENDING = 1_000_000

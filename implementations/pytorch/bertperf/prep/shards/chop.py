@@ -45,13 +45,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bertperf.data import shards
-from bertperf.data.samples import Samples, offsets_from_lengths
 from bertperf.errors import UserError
-from bertperf.prep import manifest
-from bertperf.prep.fileio import atomic_output, remove_stale_temporaries
+from bertperf.formats import detect, manifest, nvidia, unpadded
+from bertperf.formats.files import atomic_output, remove_stale_temporaries
+from bertperf.formats.samples import Samples, offsets_from_lengths
 from bertperf.prep.parallel import World, default_workers, run_tasks
-from bertperf.prep.unpad import key_from_md5s, list_inputs, read_nvidia_checked, verify_input
 
 HELP = "re-shard unpadded samples into S equal shards with a global seeded shuffle"
 STAGE = "chop"
@@ -99,25 +97,25 @@ class InputInfo:
     wide_ids: bool  # input ids or masked ids need int32
 
 
+_INPUT_KINDS = {detect.UNPADDED: "bertperf", detect.NVIDIA: "nvidia"}
+
+
 def inspect(task: tuple[str, str, int, int]) -> InputInfo:
     path_s, want, length, preds = task
     path = Path(path_s)
-    md5 = verify_input(path)
+    md5 = manifest.verified_md5(path)
+    kind = detect.kind(path)
     try:
         with h5py.File(path, "r") as f:
-            if f.attrs.get("format") == shards.FORMAT:
-                fmt = "bertperf"
-            elif "input_mask" in f:
-                raise UserError(f"{path}: a padded sample file; unpad it first (prep unpad)")
-            elif all(k in f for k in shards.NVIDIA_FIELDS):
-                fmt = "nvidia"
-            else:
-                raise UserError(f"{path}: neither a {shards.FORMAT} shard nor an NVIDIA "
-                                "variable-length file")
+            fmt = _INPUT_KINDS.get(kind)
+            if fmt is None:
+                raise UserError(f"{path}: a {kind} sample file; chop reads {unpadded.FORMAT} "
+                                "shards or NVIDIA variable-length files"
+                                + (" (unpad it first: prep unpad)" if kind == detect.PADDED else ""))
             if want not in ("auto", fmt):
                 raise UserError(f"{path}: a {fmt} file, but --input_format={want}")
             if fmt == "bertperf":
-                missing = [k for k in shards.FIELDS if k not in f]
+                missing = [k for k in unpadded.FIELDS if k not in f]
                 if missing:
                     raise UserError(f"{path}: missing dataset(s) {', '.join(missing)}")
                 n, t, m = (int(f[k].shape[0]) for k in ("nsp", "input_ids", "mlm_ids"))
@@ -237,9 +235,9 @@ def scatter(task: ScatterTask) -> np.ndarray:
     info = task.info
     path = Path(info.path)
     if info.fmt == "bertperf":
-        samples, _ = shards.read_shard(path)
+        samples, _ = unpadded.read_shard(path)
     else:
-        samples = read_nvidia_checked(path, info.max_seq_length, info.max_pred)
+        samples = nvidia.read_varlen(path, info.max_seq_length, info.max_pred)
     n = len(samples)
     if n != info.samples:
         raise UserError(f"{path}: {n} samples now, {info.samples} when checked (changed?)")
@@ -343,9 +341,9 @@ def gather(task: GatherTask) -> int:
         dst = out_dir / name
         with atomic_output(dst) as tmp:
             if task.out_format == "nvidia":
-                shards.write_nvidia(tmp, shard)
+                nvidia.write_varlen(tmp, shard)
             else:
-                shards.write_shard(tmp, shard, task.max_seq_length, task.max_pred)
+                unpadded.write_shard(tmp, shard, task.max_seq_length, task.max_pred)
         manifest.record(out_dir, name, manifest.entry_for(dst, STAGE, task.key, samples=len(shard)))
         made += 1
         del shard
@@ -402,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
     in_dir, out_dir = Path(args.input), Path(args.output)
     if not in_dir.is_dir():
         raise UserError(f"{in_dir}: no such input folder")
-    inputs = list_inputs(in_dir)
+    inputs = detect.sample_files(in_dir)
     if out_dir.resolve() == in_dir.resolve():
         raise UserError(f"{out_dir}: the output folder must differ from the input folder")
 
@@ -425,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
     params = {"num_shards": n_shards, "seed": args.seed, "format": args.format,
               "max_seq_length": first.max_seq_length, "max_pred": first.max_pred,
               "shuffle": "numpy-default_rng-permutation/1"}
-    key = key_from_md5s(STAGE, params, [(Path(i.path).name, i.md5) for i in infos])
+    key = manifest.task_key(STAGE, params, [(Path(i.path).name, i.md5) for i in infos])
     tmp_base = Path(args.tmp_dir) if args.tmp_dir else out_dir
     work = tmp_base / f"{WORK_PREFIX}{world.allgather(os.getpid())[0]}"
     if world.rank == 0:

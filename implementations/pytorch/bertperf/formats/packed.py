@@ -37,8 +37,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bertperf.data.samples import Samples, id_dtype, offsets_from_lengths, ranges, same_arrays
 from bertperf.errors import UserError
+from bertperf.formats import detect
+from bertperf.formats.samples import Samples, id_dtype, offsets_from_lengths, ranges, same_arrays
 
 FORMAT = "bertperf-packed/1"
 FIELDS = ("input_ids", "row_offsets", "seq_lengths", "row_seq_offsets", "b_starts",
@@ -290,10 +291,9 @@ class PackedWriter:
 def packed_meta(path: str | os.PathLike) -> dict:
     """Format attributes and row/sequence counts, without reading the data."""
     path = Path(path)
+    detect.require(path, detect.PACKED)
     try:
         with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != FORMAT:
-                raise UserError(f"{path}: not a {FORMAT} file (format={f.attrs.get('format')!r})")
             return {"max_seq_length": int(f.attrs["max_seq_length"]),
                     "max_predictions_per_seq": int(f.attrs["max_predictions_per_seq"]),
                     "max_seqs_per_row": int(f.attrs["max_seqs_per_row"]),

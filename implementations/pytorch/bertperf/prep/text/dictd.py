@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bertperf.errors import UserError
-from bertperf.prep.fileio import atomic_output
+from bertperf.formats.files import atomic_output
 
 HELP = "a dictd database (e.g. Debian's dict-foldoc) as WikiExtractor-format articles"
 

@@ -15,10 +15,25 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bertperf.data.samples import PADDED_FIELDS as DATASETS
-from bertperf.data.samples import Samples
 from bertperf.errors import UserError
+from bertperf.formats import detect
+from bertperf.formats.samples import PADDED_FIELDS as DATASETS
+from bertperf.formats.samples import Samples
+from bertperf.formats.unpadded import check as check_unpadded
+
 _CHUNK = 8192
+CHECK_ROWS = 8192  # padded rows checked at a time (~30 MB at 512 tokens)
+_HINTS = {"unpadded": " (already unpadded)", "packed": " (a packed shard)",
+          "nvidia": " (an NVIDIA variable-length file: use --input_format nvidia)",
+          "nvidia-packed": " (an NVIDIA packed file: use --input_format nvidia-packed)"}
+
+
+def _hint(path: Path) -> str:
+    """What a file that is not padded is instead (for the error message)."""
+    try:
+        return _HINTS.get(detect.kind(path), "")
+    except UserError:
+        return ""
 
 
 def dtypes(vocab_size: int, max_seq_length: int) -> dict[str, np.dtype]:
@@ -87,3 +102,49 @@ def count_samples(path: str | os.PathLike) -> int:
             return int(f[key].shape[0])
     except (OSError, KeyError) as exc:
         raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None
+
+
+def read_checked(path: str | os.PathLike, chunk: int = CHECK_ROWS) -> tuple[Samples, int, int]:
+    """A padded file as Samples (compact dtypes), max_seq_length and max_predictions_per_seq.
+
+    Reads CHECK_ROWS rows at a time and checks that each row round-trips exactly: a row that the
+    unpadded layout cannot represent (mask not a prefix, non-zero padding, segment 1 before
+    segment 0) is a UserError naming the file and sample.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    parts: list[Samples] = []
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in DATASETS if k not in f]
+            if missing:
+                raise UserError(f"{path}: not a padded sample file, missing "
+                                f"{', '.join(missing)}{_hint(path)}")
+            d = {k: f[k] for k in DATASETS}
+            n = d["next_sentence_labels"].shape[0] if d["next_sentence_labels"].ndim == 1 else -1
+            if n < 0 or any(d[k].ndim != 2 or d[k].shape[0] != n for k in DATASETS[:5]):
+                raise UserError(f"{path}: datasets disagree on the number of samples or rows")
+            length, preds = d["input_ids"].shape[1], d["masked_lm_positions"].shape[1]
+            if d["input_mask"].shape[1] != length or d["segment_ids"].shape[1] != length or \
+                    d["masked_lm_ids"].shape[1] != preds:
+                raise UserError(f"{path}: datasets have inconsistent row lengths")
+            for start in range(0, max(n, 1), chunk):
+                arrays = {k: d[k][start:start + chunk] for k in DATASETS}
+                s = Samples.from_padded(arrays)
+                back = s.to_padded(length, preds)
+                for k in DATASETS:
+                    if not np.array_equal(back[k], arrays[k]):
+                        diff = back[k] != arrays[k]
+                        row = start + int(np.argmax(diff.reshape(len(diff), -1).any(axis=1)))
+                        raise UserError(f"{path}: sample {row}: {k} is not in the padded layout "
+                                        "(mask not a prefix, non-zero padding or segments out of "
+                                        "order), so it would not round-trip")
+                parts.append(s.astype_compact())
+    except UserError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None
+    samples = parts[0] if len(parts) == 1 else Samples.concat(parts).astype_compact()
+    check_unpadded(path, samples, length, preds)
+    return samples, length, preds

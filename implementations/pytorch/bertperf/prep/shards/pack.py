@@ -6,7 +6,7 @@ Reads a folder of sample files: unpadded shards (bertperf-unpadded/1), padded HD
   1. lengths only (the offsets of unpadded shards, the input_mask of padded files): a histogram
      of sequence lengths 1..max_seq_length; every length is checked here, before anything is
      written.
-  2. a plan from the histogram (bertperf.prep.packing: longest-first exact-fit, <= 3 per row,
+  2. a plan from the histogram (bertperf.prep.shards.packing: longest-first exact-fit, <= 3 per row,
      99.7-99.8% of the row capacity on Wikipedia-like lengths), then the samples are streamed in
      input order and assigned to planned rows as they come; a row is written when its last
      sequence arrives. Only the samples of rows not yet complete are held (a few thousand in
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -42,19 +41,17 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from bertperf.data import packed as packed_format
-from bertperf.data import shards
-from bertperf.data.samples import Samples, ranges
 from bertperf.errors import UserError
-from bertperf.prep import manifest
-from bertperf.prep.fileio import atomic_output, md5_file, remove_stale_temporaries
-from bertperf.prep.packing import DEFAULT_MAX_PENDING, MAX_SEQS_PER_ROW, Packer, Rows, \
-    plan_packing
+from bertperf.formats import detect, manifest, nvidia, unpadded
+from bertperf.formats import packed as packed_format
+from bertperf.formats.files import atomic_output, remove_stale_temporaries
+from bertperf.formats.samples import Samples, ranges
 from bertperf.prep.parallel import World, default_workers, run_tasks
+from bertperf.prep.shards.packing import (DEFAULT_MAX_PENDING, MAX_SEQS_PER_ROW, Packer, Rows,
+                                          plan_packing)
 
 HELP = "pack up to 3 samples per 512-token row (histogram packing, bounded memory); --unpack"
 STAGE = "pack"
-SUFFIXES = (".hdf5", ".h5", ".hdf")
 BLOCK_ROWS = 1 << 15  # padded files are read this many samples at a time
 PUSH_SAMPLES = 1 << 14  # samples given to the packer at a time (bounds the temporaries)
 WRITE_ROWS = 1 << 13  # rows assembled at a time when writing a shard
@@ -83,39 +80,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- inputs of any layout ------------------------------------------------------------------------
 
-def list_inputs(folder: str | os.PathLike) -> list[Path]:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise UserError(f"{folder}: no such input folder")
-    files = sorted(p for p in folder.iterdir()
-                   if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith("."))
-    if not files:
-        raise UserError(f"{folder}: no sample files (*.hdf5, *.h5, *.hdf)")
-    return files
-
-
-def detect(path: Path) -> str:
-    """'unpadded', 'packed', 'padded' or 'nvidia'."""
-    try:
-        with h5py.File(path, "r") as f:
-            fmt = f.attrs.get("format")
-            if fmt == shards.FORMAT:
-                return "unpadded"
-            if fmt == packed_format.FORMAT:
-                return "packed"
-            if fmt is not None:
-                raise UserError(f"{path}: unknown format {fmt!r}")
-            if "input_ids" in f and h5py.check_vlen_dtype(f["input_ids"].dtype) is not None:
-                return "nvidia"
-            if "input_mask" in f and f["input_mask"].ndim == 2:
-                return "padded"
-    except UserError:
-        raise
-    except (OSError, KeyError, ValueError) as exc:
-        raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None
-    raise UserError(f"{path}: not a sample file (neither padded, unpadded, NVIDIA nor packed)")
-
-
 @dataclass
 class FileLengths:
     kind: str
@@ -141,10 +105,10 @@ def _hist_checked(path: Path, lengths: np.ndarray, limit: int | None, what: str 
 
 def scan_lengths(path: Path, kind: str | None = None, limit: int | None = None) -> FileLengths:
     """Pass 1 over one file: lengths (and mask/NSP counts) without the token data."""
-    kind = kind or detect(path)
+    kind = kind or detect.kind(path)
     try:
         if kind == "unpadded":
-            meta = shards.shard_meta(path)
+            meta = unpadded.shard_meta(path)
             with h5py.File(path, "r") as f:
                 offsets = f["offsets"][()]
                 mlm_offsets = f["mlm_offsets"][()]
@@ -198,9 +162,9 @@ def scan_lengths(path: Path, kind: str | None = None, limit: int | None = None) 
 def read_blocks(path: Path, kind: str):
     """Pass 2: the file's samples, in order, as Samples blocks (checked)."""
     if kind == "unpadded":
-        yield shards.read_shard(path)[0]
+        yield unpadded.read_shard(path)[0]
     elif kind == "nvidia":
-        yield shards.read_nvidia(path)
+        yield nvidia.read_varlen(path)
     elif kind == "padded":
         try:
             with h5py.File(path, "r") as f:
@@ -305,22 +269,6 @@ def shard_sizes(rows: int, num_shards: int | None, rows_per_shard: int | None,
     return [base + 1] * extra + [base] * (n - extra)
 
 
-def input_identity(path: Path, entries: dict[str, manifest.Entry]) -> str:
-    """A file's md5: from its folder's manifest when the size still matches, else computed."""
-    e = entries.get(path.name)
-    if e is not None and path.stat().st_size == e.bytes:
-        return e.md5
-    return md5_file(path)
-
-
-def run_key(params: dict, inputs: list[Path]) -> str:
-    entries = manifest.load(inputs[0].parent) if (inputs[0].parent / manifest.MANIFEST_NAME).exists() \
-        else {}
-    doc = {"stage": STAGE, "params": params,
-           "inputs": [[p.name, input_identity(p, entries)] for p in inputs]}
-    return hashlib.md5(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-
-
 def _already_done(out: Path, key: str) -> list[str] | None:
     if not (out / manifest.MANIFEST_NAME).exists():
         return None
@@ -343,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_pending < 1:
         raise UserError(f"--max_pending must be at least 1, not {args.max_pending}")
     world = World()
-    inputs = list_inputs(args.input)
+    inputs = detect.sample_files(args.input)
     out = Path(args.output)
     if out.resolve() == Path(args.input).resolve():
         raise UserError(f"{out}: --output must differ from --input")
@@ -369,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     sizes = shard_sizes(plan.rows, args.num_shards, args.rows_per_shard, len(inputs))
     params = {"max_seqs_per_row": args.max_seqs_per_row, "max_seq_length": L, "seed": args.seed,
               "shard_rows": sizes, "format": packed_format.FORMAT}
-    key = run_key(params, inputs)
+    key = manifest.task_key(STAGE, params, [(p.name, manifest.recorded_md5(p)) for p in inputs])
     done = _already_done(out, key)
     if done:
         print(f"pack: {len(done)} shard(s) in {out} already made from these inputs and verified "
@@ -513,7 +461,7 @@ def _unpack_task(task: tuple[str, str, str]) -> tuple[str, int]:
     samples, meta = packed_format.unpack(src)
     dst_path = Path(dst)
     with atomic_output(dst_path) as tmp:
-        shards.write_shard(tmp, samples, meta["max_seq_length"], meta["max_predictions_per_seq"])
+        unpadded.write_shard(tmp, samples, meta["max_seq_length"], meta["max_predictions_per_seq"])
     manifest.record(dst_path.parent, dst_path.name,
                     manifest.entry_for(dst_path, "unpack", key, samples=None))
     return dst_path.name, len(samples)
@@ -521,12 +469,12 @@ def _unpack_task(task: tuple[str, str, str]) -> tuple[str, int]:
 
 def run_unpack(args: argparse.Namespace) -> int:
     world = World()
-    inputs = list_inputs(args.input)
+    inputs = detect.sample_files(args.input)
     out = Path(args.output)
     if out.resolve() == Path(args.input).resolve():
         raise UserError(f"{out}: --output must differ from --input")
     for p in inputs:
-        if detect(p) != "packed":
+        if detect.kind(p) != detect.PACKED:
             raise UserError(f"{p}: not a {packed_format.FORMAT} file (--unpack reads packed shards)")
     # check every input first (offsets, row lengths, masks): a bad file leaves no outputs at all
     run_tasks(_check_packed_task, [str(p) for p in inputs], workers=args.workers,
@@ -538,11 +486,9 @@ def run_unpack(args: argparse.Namespace) -> int:
             raise UserError(f"{out}: cannot create output folder: {exc.strerror}") from None
         remove_stale_temporaries(out)
     world.barrier()
-    entries = manifest.load(args.input) if (Path(args.input) / manifest.MANIFEST_NAME).exists() \
-        else {}
     tasks = [(str(p), str(out / p.name),
-              hashlib.md5(json.dumps(["unpack", p.name, input_identity(p, entries)]).encode())
-              .hexdigest()) for p in inputs]
+              manifest.task_key("unpack", {}, [(p.name, manifest.recorded_md5(p))]))
+             for p in inputs]
     results = run_tasks(_unpack_task, tasks, workers=args.workers, desc="unpack", world=world)
     if world.rank == 0:
         manifest.finalize(out)

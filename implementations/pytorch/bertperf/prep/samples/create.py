@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bertperf.data.samples import Samples
 from bertperf.errors import UserError
-from bertperf.prep import hdf5io, manifest
-from bertperf.prep.fileio import atomic_output, read_utf8, remove_stale_temporaries
-from bertperf.prep.instances import Documents, Instances, Params, SpecialIds, create_instances
+from bertperf.formats import manifest, padded
+from bertperf.formats.files import atomic_output, read_utf8, remove_stale_temporaries
+from bertperf.formats.samples import Samples
 from bertperf.prep.parallel import World, default_workers, run_tasks
+from bertperf.prep.samples.instances import (Documents, Instances, Params, SpecialIds,
+                                             create_instances)
 
 HELP = "make masked-LM/NSP samples from text parts, identical to the reference (HDF5)"
 STAGE = "create"
@@ -91,7 +92,7 @@ _TOKENIZERS: dict[tuple, object] = {}
 
 
 def get_tokenizer(vocab_file: str, do_lower_case: bool, kind: str):
-    from bertperf.prep.tokenization import Tokenizer
+    from bertperf.prep.samples.tokenization import Tokenizer
 
     key = (vocab_file, do_lower_case, kind)
     if key not in _TOKENIZERS:
@@ -139,7 +140,7 @@ def read_documents(paths: list[str], tokenizer) -> Documents:
 
 def fast_engine_available() -> bool:
     try:
-        from bertperf.prep import _fastcreate  # noqa: F401
+        from bertperf.prep.samples import _fastcreate  # noqa: F401
     except ImportError:
         return False
     return True
@@ -150,7 +151,7 @@ def build_instances(docs: Documents, params: Params, ids: SpecialIds, engine: st
     if engine == "python" or (engine == "auto" and not fast_engine_available()):
         return create_instances(docs, params, ids, rng)
     try:
-        from bertperf.prep import _fastcreate
+        from bertperf.prep.samples import _fastcreate
     except ImportError:
         raise UserError("--engine=c: the C extension is not built (pip install needs a C compiler);"
                         " use --engine=python") from None
@@ -185,7 +186,7 @@ def run_task(task: Task) -> tuple[str, int]:
     for k, out in enumerate(task.outputs):
         rows = inst.order[k::len(task.outputs)]  # the reference's round-robin writers
         with atomic_output(out) as tmp:
-            hdf5io.write_samples(tmp, inst.samples, rows, task.params.max_seq_length,
+            padded.write_samples(tmp, inst.samples, rows, task.params.max_seq_length,
                                  task.params.max_predictions_per_seq, ids.vocab_size)
         out_path = Path(out)
         manifest.record(out_path.parent, out_path.name,
@@ -239,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     params = Params(args.max_seq_length, args.max_predictions_per_seq, args.masked_lm_prob,
                     args.dupe_factor, args.short_seq_prob, args.random_seed)
     params.check()
-    from bertperf.prep.tokenization import load_vocab, vocab_md5_warning
+    from bertperf.prep.samples.tokenization import load_vocab, vocab_md5_warning
 
     load_vocab(args.vocab_file)  # fail early, in the coordinator, on a bad vocab
     world = World()

@@ -39,10 +39,11 @@ import sys
 from pathlib import Path
 
 from bertperf.errors import UserError
-from bertperf.prep import manifest
-from bertperf.prep.clean import add_common_arguments, check_workers, find_inputs, prepare_output
-from bertperf.prep.fileio import atomic_output, read_utf8, remove_stale_temporaries
+from bertperf.formats import manifest
+from bertperf.formats.files import atomic_output, read_utf8, remove_stale_temporaries
 from bertperf.prep.parallel import World, run_tasks
+from bertperf.prep.text.clean import (add_common_arguments, check_workers, find_inputs,
+                                      prepare_output)
 
 HELP = ("hold out eval articles and gather the rest into part files "
         "(reference seperate_test_set.py + do_gather.py)")

@@ -35,7 +35,7 @@ line, exactly the reference's ids. This module gives that in three layers:
 * `Tokenizer`: the facade the data prep uses. Its default (fast=None, as fast=False) is the memoised
   pure-Python path, because it measured faster than HF on one core, cold or warm (from the repo root):
 
-      PYTHONPATH=implementations/pytorch taskset -c 1 python3 -m bertperf.prep.tokenization \
+      PYTHONPATH=implementations/pytorch taskset -c 1 python3 -m bertperf.prep.samples.tokenization \
           ../shared/data/vocab/vocab.txt ../shared/data/wiki_sample/wiki_0*
 
   wiki_sample (8,355 non-empty lines, 4.11 MB), one core of a shared, busy 2-core box (load ~3),
@@ -464,7 +464,7 @@ class Tokenizer:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Speed measurement: python3 -m bertperf.prep.tokenization VOCAB TEXTFILE...
+# Speed measurement: python3 -m bertperf.prep.samples.tokenization VOCAB TEXTFILE...
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -473,7 +473,7 @@ def _bench(argv: Sequence[str], repeats: int = 5) -> None:
     import time
 
     if len(argv) < 2:
-        raise SystemExit("usage: python3 -m bertperf.prep.tokenization VOCAB TEXTFILE...")
+        raise SystemExit("usage: python3 -m bertperf.prep.samples.tokenization VOCAB TEXTFILE...")
     vocab_path, files = argv[0], argv[1:]
     lines = []
     for f in files:

@@ -35,13 +35,9 @@ import sys
 from collections import defaultdict
 
 from bertperf.errors import UserError
-from bertperf.prep.clean import (
-    add_common_arguments,
-    run_per_file_stage,
-    split_lines,
-    universal_newlines,
-)
 from bertperf.prep.parallel import World
+from bertperf.prep.text.clean import (add_common_arguments, run_per_file_stage, split_lines,
+                                      universal_newlines)
 
 HELP = "split cleaned text into one sentence per line (reference do_sentence_segmentation.py)"
 
@@ -64,7 +60,7 @@ def english_tokenizer():
     try:
         from nltk.tokenize.punkt import PunktParameters
 
-        from bertperf.prep.punkt345 import PunktSentenceTokenizer345
+        from bertperf.prep.text.punkt345 import PunktSentenceTokenizer345
     except ImportError:
         raise UserError("segment needs nltk (pip install nltk==3.10.4)") from None
     try:

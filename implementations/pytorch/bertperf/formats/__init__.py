@@ -1,0 +1,13 @@
+"""Files on disk: the sample layouts and the mechanics every writer and reader shares.
+
+  samples.py   Samples, the one in-memory form of pretraining samples (flat, unpadded)
+  padded.py    the padded HDF5 layout of `prep create` / `prep eval` (and NVIDIA's fixed-length files)
+  unpadded.py  bertperf-unpadded/1 shards
+  packed.py    bertperf-packed/1 shards: up to 3 sequences per fixed-size row
+  nvidia.py    NVIDIA's variable-length and packed layouts
+  detect.py    which layout a file is in, its header, and a folder's sample files
+  manifest.py  MANIFEST.json: md5/size/count per output, resume keys, inputs checked against it
+  files.py     atomic outputs (temporary name, then rename), strict UTF-8 reading, md5
+
+numpy and h5py only: no torch, and nothing of bertperf above errors.py.
+"""
