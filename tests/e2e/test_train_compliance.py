@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 
-from bertperf.mlperf.log import RULESET
+from bertperf.benchmark import RULESET
 from tests.unit.test_train import make_dataset
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from bertperf.model.bert_config import BertConfig
-from bertperf.train.warmstart import MLPERF_INIT_ACCURACY, sanity_eval
+from bertperf.benchmark import INIT_ACCURACY
+from bertperf.train.warmstart import sanity_eval
 from tests.e2e.test_train_compliance import PYTHONPATH, events
 from tests.e2e.test_train_ddp import base_env
 from tests.unit.test_train import make_dataset
@@ -77,7 +78,7 @@ def test_missing_init_checkpoint_is_refused_at_config_time(env, tmp_path):
 def test_sanity_eval_warns_far_from_the_reference(accuracy, warned):
     warnings, reports = [], []
     sanity_eval(lambda: accuracy, BertConfig.large(), reports.append, warnings.append)
-    assert bool(warnings) == warned and str(MLPERF_INIT_ACCURACY) in "".join(warnings or ["0.34085"])
+    assert bool(warnings) == warned and str(INIT_ACCURACY) in "".join(warnings or ["0.34085"])
     assert reports == [f"init checkpoint: mlm accuracy {accuracy:.5f} before training"]
 
 

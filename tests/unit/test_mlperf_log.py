@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("mlperf_logging")
 from mlperf_logging.mllog import constants as C  # noqa: E402, N812
 
-from bertperf.mlperf.log import RULESET, MLPerfLogger  # noqa: E402
+from bertperf.benchmark import RULESET  # noqa: E402
+from bertperf.mlperf.log import MLPerfLogger  # noqa: E402
 
 
 def write_run(path, accuracy: float, status: str) -> None:

@@ -19,7 +19,7 @@ import torch
 from bertperf.errors import UserError
 from bertperf.model import BertConfig, BertForPreTraining, tf_name, tf_transposed
 from bertperf.model import tf_checkpoint
-from bertperf.model.convert_cli import add_convert_parser, load_init_checkpoint
+from bertperf.model.convert_cli import add_arguments, load_init_checkpoint, run
 from bertperf.model.tf_checkpoint import TFCheckpoint, crc32c_numpy, state_dict_from_tf
 from tests.unit.test_model import assert_same_logits_as_hf, hf_model, padded_batch
 
@@ -268,9 +268,8 @@ def test_snappy_decompress_literals_and_overlapping_copies():
 
 def convert(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    add_convert_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["convert-ckpt", *argv])
-    return args.func(args)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 def test_convert_cli_writes_a_file_load_init_checkpoint_reads(tmp_path, capsys, state_dict):

@@ -1,35 +1,38 @@
-"""`python -m bertperf <subcommand>`: the single entry point of the harness."""
+"""`python -m bertperf <command>`: the single entry point of the harness."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from bertperf.commands import add_commands
 from bertperf.errors import UserError
 
+COMMANDS = {
+    "prep": ("bertperf.prep.cli",
+             "data preparation stages (Wikipedia text to training shards)"),
+    "train": ("bertperf.train.cli", "MLPerf BERT pretraining run"),
+    "convert-ckpt": ("bertperf.model.convert_cli",
+                     "TF1 BERT checkpoint -> PyTorch .pt (no TensorFlow)"),
+    "plot": ("bertperf.mlperf.plot", "PNG of loss and accuracy curves from an MLPerf log"),
+    "check": ("bertperf.mlperf.check_cli",
+              "run the official MLPerf checkers (ruleset 5.0.0) and print one verdict table"),
+    "submission": ("bertperf.mlperf.submission_cli",
+                   "assemble an MLPerf submission folder (<OUT>/<Org>/...) from a run directory"),
+    "bench": ("bertperf.bench.cli", "benchmarks (each prints a table)"),
+}
 
-def build_parser() -> argparse.ArgumentParser:
-    from bertperf.bench.cli import add_bench_parser
-    from bertperf.mlperf.check_cli import add_check_parser, add_submission_parser
-    from bertperf.mlperf.plot import add_plot_parser
-    from bertperf.model.convert_cli import add_convert_parser
-    from bertperf.prep.cli import add_prep_parser
-    from bertperf.train.cli import add_train_parser
 
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser for `argv`: only the named command's module is imported (bertperf.commands)."""
     parser = argparse.ArgumentParser(prog="python -m bertperf", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_prep_parser(sub)
-    add_bench_parser(sub)
-    add_train_parser(sub)
-    add_plot_parser(sub)
-    add_convert_parser(sub)
-    add_check_parser(sub)
-    add_submission_parser(sub)
+    add_commands(parser, COMMANDS, argv)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from bertperf.benchmark import CLOSED, DIVISIONS, TARGET_ACCURACY
 from bertperf.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -42,7 +43,6 @@ def vocab_override(environ: Mapping[str, str] | None = None) -> str | None:
     """$BERTPERF_VOCAB: a vocab file to use instead of the one found beside the checkout."""
     environ = os.environ if environ is None else environ
     return environ.get("BERTPERF_VOCAB") or None
-MODEL_SIZES = ("large", "tiny")
 
 
 def yes_no(text: str) -> bool:
@@ -70,19 +70,9 @@ def reference_eval_interval(global_batch_size: int) -> int:
 @dataclass(frozen=True)
 class ModelConfig:
     bert_config: str = _var("BERT_CONFIG", str, "large")
-    """"large" (the MLPerf checkpoint's sizes), "tiny" (2 layers of 128, for tests) or the path
-    of a bert_config.json."""
-
-    def build(self):
-        """The BertConfig this names."""
-        from bertperf.model import BertConfig
-        if self.bert_config == "large":
-            return BertConfig.large()
-        if self.bert_config == "tiny":
-            return BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2,
-                              num_attention_heads=2, intermediate_size=512)
-        return BertConfig.from_json(self.bert_config)
-
+    """A named model shape ("large": the MLPerf checkpoint's sizes; "base"; "tiny": 2 layers of
+    128, for tests and the demo; bertperf.model.bert_config.NAMED) or the path of a
+    bert_config.json."""
     init_checkpoint: Path | None = _var("INIT_CHECKPOINT", Path)
     """Weights to start from: a TF1 checkpoint prefix (MLPerf's model.ckpt-28252, read without
     TensorFlow) or a `convert-ckpt` output (.pt); unset = random init (seeded by SEED)."""
@@ -150,7 +140,7 @@ class TrainConfig:
     (reference_eval_interval)."""
     max_samples_termination: int = _var("MAX_SAMPLES_TERMINATION", int, 14_000_000)
     """The run aborts once this many samples are trained without reaching the target."""
-    target_accuracy: float = _var("TARGET_MLM_ACCURACY", float, 0.720)
+    target_accuracy: float = _var("TARGET_MLM_ACCURACY", float, TARGET_ACCURACY)
     """Masked-LM accuracy at which the run stops with status success."""
     seed: int = _var("SEED", int, 0)
     """Seed of model init, dropout and data order."""
@@ -168,7 +158,7 @@ class TrainConfig:
     """submission_org of the MLPerf log."""
     submission_platform: str = _var("SUBMISSION_PLATFORM", str, "unknown")
     """submission_platform of the MLPerf log."""
-    submission_division: str = _var("SUBMISSION_DIVISION", str, "closed")
+    submission_division: str = _var("SUBMISSION_DIVISION", str, CLOSED)
     """closed (the benchmark as defined: target 0.720) or open (anything else, e.g. the demo's
     tiny BERT and its own target; the open-division rules have no accuracy target)."""
     cache_clear: bool = _var("CACHE_CLEAR", yes_no, False)
@@ -338,17 +328,15 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.precision not in PRECISIONS:
         raise UserError(f"PRECISION must be one of {', '.join(PRECISIONS)}, "
                         f"not {cfg.train.precision!r}")
-    if cfg.train.submission_division not in ("closed", "open"):
-        raise UserError(f"SUBMISSION_DIVISION must be closed or open, "
+    if cfg.train.submission_division not in DIVISIONS:
+        raise UserError(f"SUBMISSION_DIVISION must be one of {', '.join(DIVISIONS)}, "
                         f"not {cfg.train.submission_division!r}")
-    if cfg.train.submission_division == "closed" and cfg.train.target_accuracy != 0.720:
+    if cfg.train.submission_division == CLOSED and cfg.train.target_accuracy != TARGET_ACCURACY:
         raise UserError(f"TARGET_MLM_ACCURACY={cfg.train.target_accuracy}: the closed division's "
-                        "target is 0.720 (set SUBMISSION_DIVISION=open for another target)")
+                        f"target is {TARGET_ACCURACY} (set SUBMISSION_DIVISION=open for another "
+                        "target)")
     if not 0.0 < cfg.train.target_accuracy <= 1.0:
         raise UserError(f"TARGET_MLM_ACCURACY must be in (0, 1], got {cfg.train.target_accuracy}")
-    if cfg.model.bert_config not in MODEL_SIZES and not Path(cfg.model.bert_config).is_file():
-        raise UserError(f"BERT_CONFIG {cfg.model.bert_config!r} is neither "
-                        f"{' nor '.join(MODEL_SIZES)} nor an existing file")
     if cfg.data.verify not in VERIFY_MODES:
         raise UserError(f"DATA_VERIFY must be one of {', '.join(VERIFY_MODES)}, "
                         f"not {cfg.data.verify!r}")
@@ -356,9 +344,6 @@ def validate(cfg: RunConfig) -> None:
     if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
         raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "
                         f"({init}.index)")
-    if cfg.model.build().is_mlperf_large:  # the benchmark itself: its batch must have an RCP
-        from bertperf.mlperf.rcp import check_global_batch
-        check_global_batch(cfg.global_batch_size)
     _validate_checkpoint(cfg.checkpoint)
 
 

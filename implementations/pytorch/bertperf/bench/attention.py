@@ -16,7 +16,6 @@ import torch.nn.functional as F  # noqa: N812
 from bertperf.kernels import (varlen_attention_padded, varlen_attention_reference,
                               varlen_attention_sdpa)
 
-HELP = "variable-length attention paths, forward + backward (prints a table)"
 
 SHAPES = {
     "demo: 64 seqs <=128, 2x64": (64, 128, 2, 64),

@@ -1,19 +1,11 @@
-"""`python -m bertperf bench <name>`."""
+"""`python -m bertperf bench <name>`: benchmarks, each printing a table. Each module defines
+add_arguments(parser) and run(args); it is imported only when it runs (bertperf.commands)."""
 
-from __future__ import annotations
-
-import argparse
-import importlib
-
-BENCHES = {"prep": "bertperf.bench.prep", "loader": "bertperf.bench.loader",
-           "attention": "bertperf.bench.attention"}
-
-
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks (print a table)")
-    names = bench.add_subparsers(dest="bench", required=True)
-    for name, module_name in BENCHES.items():
-        module = importlib.import_module(module_name)
-        p = names.add_parser(name, help=module.HELP, description=module.__doc__)
-        module.add_arguments(p)
-        p.set_defaults(func=module.run)
+COMMANDS = {
+    "prep": ("bertperf.bench.prep",
+             "time `prep create` on the Wikipedia sample (1 worker and all cores)"),
+    "loader": ("bertperf.bench.loader",
+               "samples/s of the data loader per worker for each batch layout, and its peak memory"),
+    "attention": ("bertperf.bench.attention",
+                  "variable-length attention paths, forward + backward (prints a table)"),
+}

@@ -31,7 +31,6 @@ from bertperf.errors import UserError
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 from bertperf.formats.unpadded import write_shard
 
-HELP = "samples/s of the data loader per worker for each batch layout, and its peak memory"
 GOAL_RATE = 5000
 GOAL_RSS_MB = 2048
 

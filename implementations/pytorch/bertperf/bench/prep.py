@@ -23,7 +23,6 @@ from bertperf.errors import UserError
 from bertperf.prep.parallel import default_workers
 from bertperf.resources import find_vocab, find_wiki_sample
 
-HELP = "time `prep create` on the Wikipedia sample (1 worker and all cores)"
 MLPERF_FLAGS = ["--max_seq_length=512", "--max_predictions_per_seq=76", "--masked_lm_prob=0.15",
                 "--random_seed=12345", "--dupe_factor=10"]
 

@@ -50,12 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from bertperf.benchmark import BENCHMARK, RULESET
 from bertperf.errors import UserError
 
-RULESET = "5.0.0"           # BERT's last training ruleset (bertperf.mlperf.log.RULESET)
 USAGE = "training"
-BENCHMARK = "bert"
-RESULT_COUNT = 10           # result_*.txt files closed BERT needs (benchmark_meta)
 TIMEOUT_S = 1800            # per tool run; a real package checks in seconds
 
 PASS, BYPASS, WARN, FAIL = "PASS", "BYPASS", "WARN", "FAIL"

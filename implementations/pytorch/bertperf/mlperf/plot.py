@@ -9,6 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bertperf.benchmark import TARGET_ACCURACY
 from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 
@@ -38,7 +39,7 @@ def read_curves(log: Path) -> dict[str, list[tuple[float, float]]]:
     return curves
 
 
-def plot_log(log: Path, png: Path, target: float | None = 0.720) -> Path:
+def plot_log(log: Path, png: Path, target: float | None = TARGET_ACCURACY) -> Path:
     """Draw the curves of `log` into `png` (written atomically)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -66,13 +67,10 @@ def plot_log(log: Path, png: Path, target: float | None = 0.720) -> Path:
     return png
 
 
-def add_plot_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plot", help="PNG of loss and accuracy curves from an MLPerf log",
-                       description=__doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("log", type=Path, help="an MLPerf log written by `bertperf train`")
     p.add_argument("--output", type=Path, help="the PNG (default: LOG with .png appended)")
-    p.add_argument("--target", type=float, default=0.720, help="accuracy line to draw")
-    p.set_defaults(func=run)
+    p.add_argument("--target", type=float, default=TARGET_ACCURACY, help="accuracy line to draw")
 
 
 def run(args: argparse.Namespace) -> int:

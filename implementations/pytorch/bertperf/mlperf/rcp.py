@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from bertperf.errors import UserError
-from bertperf.mlperf.log import RULESET
+from bertperf.benchmark import RULESET
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Iterable
 
 from bertperf.errors import UserError
-from bertperf.mlperf.check import (BENCHMARK, FAIL, RESULT_COUNT, RULESET, check_log,
+from bertperf.benchmark import BENCHMARK, CLOSED, RESULT_COUNT, RULESET
+from bertperf.mlperf.check import (FAIL, check_log,
                                    natural_key, tool_version)
 
 # system_desc_checker's required fields (mlperf-logging 4.1.68), in its order
@@ -212,7 +213,7 @@ def software() -> dict[str, str]:
             "operating_system": operating_system()}
 
 
-def describe_system(org: str, system: str, division: str = "closed", status: str = "research",
+def describe_system(org: str, system: str, division: str = CLOSED, status: str = "research",
                     nodes: int = 1, fields: dict[str, str] | None = None) -> dict[str, str]:
     """systems/<system>.json: every field system_desc_checker requires, as strings (its table code
     joins some of them with ','; the summarizer int()s the counts)."""
@@ -303,7 +304,8 @@ def find_logs(run_dir: Path, pattern: str) -> list[Path]:
     logs = sorted((p for p in run_dir.rglob(pattern) if p.is_file()), key=natural_key)
     if len(logs) != RESULT_COUNT:
         raise UserError(f"run directory {run_dir} has {len(logs)} result logs matching "
-                        f"{pattern!r}; closed {BENCHMARK} needs exactly {RESULT_COUNT}")
+                        f"{pattern!r}; a {BENCHMARK} submission needs exactly {RESULT_COUNT} (either "
+                        "division)")
     return logs
 
 
@@ -333,11 +335,11 @@ def vet_logs(logs: list[Path], division: str, allow_one_failed: bool) -> list[st
         if f["division"] not in (None, division):
             raise UserError(f"result log {log} logs submission_division {f['division']!r}, "
                             f"not {division!r} (--division)")
-        if division == "closed" and not f["seeds"] and log not in {Path(r.target) for r in failed}:
+        if division == CLOSED and not f["seeds"] and log not in {Path(r.target) for r in failed}:
             raise UserError(f"result log {log} logs no seed (the package checker's seed check "
                             "needs one per run)")
         for seed in f["seeds"]:
-            if seed in seen and division == "closed":
+            if seed in seen and division == CLOSED:
                 raise UserError(f"result log {log} logs seed {seed[2]} from {seed[0]}:{seed[1]}, "
                                 f"as {seen[seed]} does: each run needs its own seed")
             seen.setdefault(seed, log)
@@ -354,7 +356,7 @@ def _check_name(kind: str, value: str) -> None:
 
 def assemble(run_dir: str | Path, org: str, system: str, out: str | Path,
              config_files: Iterable[str | Path] = (), pattern: str = "result_*.txt",
-             status: str = "research", division: str = "closed", nodes: int = 1,
+             status: str = "research", division: str = CLOSED, nodes: int = 1,
              fields: dict[str, str] | None = None, rcp_bypass: bool = False,
              allow_one_failed: bool = False, force: bool = False,
              root: Path = REPO) -> list[str]:

@@ -9,6 +9,18 @@ from pathlib import Path
 from bertperf.errors import UserError
 
 
+NAMED: dict[str, dict[str, int]] = {
+    "large": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+                  num_attention_heads=16, intermediate_size=4096),
+    "base": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                 num_attention_heads=12, intermediate_size=3072),
+    "tiny": dict(vocab_size=30522, hidden_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, intermediate_size=512),
+}
+"""The model shapes BERT_CONFIG can name: BERT-large as MLPerf's checkpoint, BERT-base, and a
+2-layer BERT of width 128 for tests and the CPU demo (all with MLPerf's vocab)."""
+
+
 @dataclass(frozen=True)
 class BertConfig:
     """Sizes and regularisation of a BERT model (Google's `bert_config.json` keys, plus
@@ -65,8 +77,17 @@ class BertConfig:
     @classmethod
     def large(cls) -> BertConfig:
         """BERT-large, exactly the MLPerf checkpoint's bert_config.json."""
-        return cls(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
-                   num_attention_heads=16, intermediate_size=4096)
+        return cls(**NAMED["large"])
+
+    @classmethod
+    def named(cls, spec: str | Path) -> BertConfig:
+        """A named shape (NAMED: "large", "base", "tiny") or the path of a bert_config.json."""
+        if str(spec) in NAMED:
+            return cls(**NAMED[str(spec)])
+        if not Path(spec).is_file():
+            raise UserError(f"BERT_CONFIG {str(spec)!r} is neither a named model shape "
+                            f"({', '.join(NAMED)}) nor an existing bert_config.json")
+        return cls.from_json(spec)
 
     @property
     def is_mlperf_large(self) -> bool:

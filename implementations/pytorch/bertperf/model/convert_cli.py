@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from bertperf.config import ModelConfig
 from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert import BertForPreTraining
@@ -25,20 +24,17 @@ from bertperf.model.bert_config import BertConfig
 from bertperf.model.tf_checkpoint import state_dict_from_tf
 
 
-def add_convert_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert-ckpt", help="TF1 BERT checkpoint -> PyTorch .pt (no TensorFlow)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tf-checkpoint", required=True, metavar="PREFIX",
                    help="the checkpoint's path without .index, e.g. .../model.ckpt-28252")
     p.add_argument("--bert-config", default="large",
                    help='"large" (default; MLPerf\'s), "tiny", or the path of a bert_config.json')
     p.add_argument("--output", required=True, type=Path, help="the .pt file to write")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    config = ModelConfig(bert_config=args.bert_config).build()
+    config = BertConfig.named(args.bert_config)
     state_dict = state_dict_from_tf(args.tf_checkpoint, config)
     with atomic_output(args.output) as tmp:
         torch.save({"model": state_dict, "bert_config": asdict(config),

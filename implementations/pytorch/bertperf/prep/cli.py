@@ -1,35 +1,36 @@
-"""`python -m bertperf prep <stage>`: one subcommand per data-preparation stage.
+"""`python -m bertperf prep <stage>`: one subcommand per data-preparation stage, in the order a
+run of the whole chain takes them. Each stage module defines add_arguments(parser) and run(args);
+it is imported only when its stage runs (bertperf.commands)."""
 
-Each stage module defines HELP, add_arguments(parser) and run(args).
-"""
-
-from __future__ import annotations
-
-import argparse
-import importlib
-
-STAGES = {
-    "dictd": "bertperf.prep.text.dictd",
-    "clean": "bertperf.prep.text.clean",
-    "segment": "bertperf.prep.text.segment",
-    "split": "bertperf.prep.text.split",
-    "create": "bertperf.prep.samples.create",
-    "eval": "bertperf.prep.samples.pick_eval",
-    "verify": "bertperf.prep.verify",
-    "unpad": "bertperf.prep.shards.unpad",
-    "chop": "bertperf.prep.shards.chop",
-    "pack": "bertperf.prep.shards.pack",
-    "stratify": "bertperf.prep.shards.stratify",
-    "stats": "bertperf.prep.shards.stats",
+COMMANDS = {
+    "dictd": ("bertperf.prep.text.dictd",
+              "a dictd database (e.g. Debian's dict-foldoc) as WikiExtractor-format articles"),
+    "clean": ("bertperf.prep.text.clean",
+              "clean WikiExtractor text (reference cleanup_file.py + clean.sh), one output per "
+              "input file"),
+    "segment": ("bertperf.prep.text.segment",
+                "split cleaned text into one sentence per line (reference "
+                "do_sentence_segmentation.py)"),
+    "split": ("bertperf.prep.text.split",
+              "hold out eval articles and gather the rest into part files (reference "
+              "seperate_test_set.py + do_gather.py)"),
+    "create": ("bertperf.prep.samples.create",
+               "make masked-LM/NSP samples from text parts, identical to the reference (HDF5)"),
+    "eval": ("bertperf.prep.samples.pick_eval",
+             "pick the eval samples (reference pick_eval_samples.py rule)"),
+    "verify": ("bertperf.prep.verify",
+               "verify folders against their manifests; name every bad file"),
+    "unpad": ("bertperf.prep.shards.unpad",
+              "padded HDF5 samples to the unpadded layout (ours or NVIDIA's variable-length one)"),
+    "chop": ("bertperf.prep.shards.chop",
+             "re-shard unpadded samples into S equal shards with a global seeded shuffle"),
+    "pack": ("bertperf.prep.shards.pack",
+             "pack up to 3 samples per 512-token row (histogram packing, bounded memory); "
+             "--unpack"),
+    "stratify": ("bertperf.prep.shards.stratify",
+                 "split unpadded shards into length bins (e.g. 1-128 ... 385-512), each shuffled "
+                 "and sharded"),
+    "stats": ("bertperf.prep.shards.stats",
+              "sample count, mean/median length, padding, masks, NSP, packing efficiency; PNG "
+              "histogram"),
 }
-
-
-def add_prep_parser(sub: argparse._SubParsersAction) -> None:
-    prep = sub.add_parser("prep", help="data preparation stages (Wikipedia text to HDF5 samples)")
-    stages = prep.add_subparsers(dest="stage", required=True)
-    for name, module_name in STAGES.items():
-        module = importlib.import_module(module_name)
-        p = stages.add_parser(name, help=module.HELP, description=module.__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(p)
-        p.set_defaults(func=module.run)

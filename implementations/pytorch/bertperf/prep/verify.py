@@ -17,8 +17,6 @@ from bertperf.errors import UserError
 from bertperf.formats import manifest
 from bertperf.formats.files import md5_file
 
-HELP = "verify folders against their manifests; name every bad file"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("folders", nargs="+", help="output folders of prep stages")

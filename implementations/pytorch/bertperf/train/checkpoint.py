@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from bertperf.errors import UserError
+from bertperf.model.bert_config import BertConfig
 from bertperf.formats.files import atomic_output
 
 FORMAT = "bertperf-checkpoint-1"
@@ -66,7 +67,7 @@ def latest(folder: Path) -> Path | None:
 
 def fingerprint(cfg) -> dict[str, Any]:
     """The settings a resumed run must share with the saved one to continue the same curve."""
-    model = {f"model.{k}": v for k, v in asdict(cfg.model.build()).items()}
+    model = {f"model.{k}": v for k, v in asdict(BertConfig.named(cfg.model.bert_config)).items()}
     o, t = cfg.optim, cfg.train
     run = {"BATCHSIZE": t.batch_size, "GRADIENT_STEPS": t.gradient_steps,
            "WORLD_SIZE": cfg.dist.world_size, "SEED": t.seed, "PRECISION": t.precision,

@@ -1,4 +1,7 @@
-"""`python -m bertperf train`: flags override the environment (bertperf.config)."""
+"""`python -m bertperf train`: one MLPerf BERT pretraining run.
+
+Every setting comes from an environment variable (the names of NVIDIA's config_*.sh files; the
+typed fields of bertperf/config.py) and has a flag that wins over its variable."""
 
 from __future__ import annotations
 
@@ -7,10 +10,7 @@ import argparse
 from bertperf.config import load, process_environment, tunables, yes_no
 
 
-def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="MLPerf BERT pretraining run",
-                       description="Every flag has an environment variable (named in its help); "
-                                   "a flag wins over its variable.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     for section, f in tunables():
         switch = {"nargs": "?", "const": "1"} if f.metadata["conv"] is yes_no else {}
         p.add_argument("--" + f.name.replace("_", "-"), dest=f"{section}.{f.name}",
@@ -19,12 +19,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true",
                    help="only load and validate the configuration (variables, paths, global "
                         "batch against the RCP range) and print it; run.sub does this first")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if "." in k}
     cfg = load(process_environment(), flags)
+    from bertperf.train.checks import check_run
+    check_run(cfg)
     if args.check:
         print(f"train --check: OK: global batch {cfg.global_batch_size} "
               f"({cfg.dist.world_size} ranks x {cfg.train.batch_size} x "

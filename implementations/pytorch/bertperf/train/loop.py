@@ -30,6 +30,7 @@ import torch.nn.functional as F  # noqa: N812
 from mlperf_logging.mllog import constants as C  # noqa: N812
 from torch.nn.parallel import DistributedDataParallel
 
+from bertperf.benchmark import EVAL_SAMPLES
 from bertperf.config import RunConfig
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
@@ -40,11 +41,11 @@ from bertperf.model import BertForPreTraining, UnpaddedBatch
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
                             mlperf_hparams, param_groups, resolve_warmup)
 from bertperf.train import checkpoint, preflight, warmstart
+from bertperf.train.checks import check_run
 from bertperf.train import dist as distributed
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-MLPERF_EVAL_SAMPLES = 10_000
 
 
 @dataclass
@@ -103,7 +104,7 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     # their own $RANDOM; the loader needs the same epoch order on every rank)
     cfg = replace(cfg, train=replace(cfg.train, seed=dist.from_rank0(cfg.train.seed, device)))
     seed_everything(cfg.train.seed)  # the same initial weights on every rank
-    core = BertForPreTraining(cfg.model.build()).to(device)
+    core = BertForPreTraining(check_run(cfg)).to(device)
     if cfg.model.init_checkpoint is not None:
         warmstart.load_weights(core, cfg.model.init_checkpoint)
     model = DistributedDataParallel(core, device_ids=[device] if device.type == "cuda" else None) \
@@ -125,9 +126,9 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     preflight.verify_inputs(dist, device, loader.dataset.files, not loader.dataset.packed,
                             cfg.data.eval_file, eval_share, eval_total,
                             core.config.vocab_size, cfg.data.verify, warn)
-    if eval_total != MLPERF_EVAL_SAMPLES:
+    if eval_total != EVAL_SAMPLES:
         warn(f"{cfg.data.eval_file}: {eval_total} eval samples; MLPerf's eval set has "
-             f"{MLPERF_EVAL_SAMPLES:,}")
+             f"{EVAL_SAMPLES:,}")
     if cfg.model.init_checkpoint is not None and cfg.model.init_eval:
         warmstart.sanity_eval(lambda: mlm_accuracy(core, eval_share, cfg.train.eval_batch_size,
                                                    dist, device, autocast_for(cfg, device)),

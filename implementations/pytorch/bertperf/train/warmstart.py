@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from bertperf.benchmark import INIT_ACCURACY
 from bertperf.model import BertForPreTraining
 from bertperf.model.bert_config import BertConfig
 
-MLPERF_INIT_ACCURACY = 0.34085
-"""Masked-LM accuracy of model.ckpt-28252 on the 10,000-sample eval set (MLPerf reference)."""
 TOLERANCE = 0.01
 
 
@@ -27,10 +26,10 @@ def load_weights(core: BertForPreTraining, path) -> None:
 def sanity_eval(evaluate: Callable[[], float], config: BertConfig,
                 report: Callable[[str], None], warn: Callable[[str], None]) -> float:
     """Evaluate the freshly loaded weights; warn when a BERT-large checkpoint is not within
-    TOLERANCE of MLPERF_INIT_ACCURACY."""
+    TOLERANCE of the reference's INIT_ACCURACY."""
     accuracy = evaluate()
     report(f"init checkpoint: mlm accuracy {accuracy:.5f} before training")
-    if config.is_mlperf_large and abs(accuracy - MLPERF_INIT_ACCURACY) > TOLERANCE:
+    if config.is_mlperf_large and abs(accuracy - INIT_ACCURACY) > TOLERANCE:
         warn(f"init checkpoint: mlm accuracy {accuracy:.5f} is far from the reference's "
-             f"{MLPERF_INIT_ACCURACY} for model.ckpt-28252 (wrong checkpoint, vocab or eval set?)")
+             f"{INIT_ACCURACY} for model.ckpt-28252 (wrong checkpoint, vocab or eval set?)")
     return accuracy

@@ -34,7 +34,6 @@ from bertperf.prep.parallel import World, default_workers, run_tasks
 from bertperf.prep.samples.instances import (Documents, Instances, Params, SpecialIds,
                                              create_instances)
 
-HELP = "make masked-LM/NSP samples from text parts, identical to the reference (HDF5)"
 STAGE = "create"
 
 

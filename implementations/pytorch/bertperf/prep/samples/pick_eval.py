@@ -18,7 +18,6 @@ from bertperf.errors import UserError
 from bertperf.formats import manifest, padded
 from bertperf.formats.files import atomic_output
 
-HELP = "pick the eval samples (reference pick_eval_samples.py rule)"
 STAGE = "eval"
 
 

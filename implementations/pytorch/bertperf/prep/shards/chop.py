@@ -51,7 +51,6 @@ from bertperf.formats.files import atomic_output, remove_stale_temporaries
 from bertperf.formats.samples import Samples, offsets_from_lengths
 from bertperf.prep.parallel import World, default_workers, run_tasks
 
-HELP = "re-shard unpadded samples into S equal shards with a global seeded shuffle"
 STAGE = "chop"
 SPILL_CHUNK = 1 << 14  # input samples scattered at a time in pass 1
 TAKE_CHUNK = 1 << 14  # output samples gathered at a time in pass 2

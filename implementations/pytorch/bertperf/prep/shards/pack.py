@@ -50,7 +50,6 @@ from bertperf.prep.parallel import World, default_workers, run_tasks
 from bertperf.prep.shards.packing import (DEFAULT_MAX_PENDING, MAX_SEQS_PER_ROW, Packer, Rows,
                                           plan_packing)
 
-HELP = "pack up to 3 samples per 512-token row (histogram packing, bounded memory); --unpack"
 STAGE = "pack"
 BLOCK_ROWS = 1 << 15  # padded files are read this many samples at a time
 PUSH_SAMPLES = 1 << 14  # samples given to the packer at a time (bounds the temporaries)

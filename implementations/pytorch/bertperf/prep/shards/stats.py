@@ -39,7 +39,6 @@ from bertperf.prep.parallel import World, default_workers, run_tasks
 from bertperf.prep.shards.pack import scan_lengths
 from bertperf.prep.shards.packing import MAX_SEQS_PER_ROW, plan_packing
 
-HELP = "sample count, mean/median length, padding, masks, NSP, packing efficiency; PNG histogram"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("folder", help="folder of sample files (padded, unpadded, NVIDIA or packed), "

@@ -44,7 +44,6 @@ from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import read_shard, shard_meta, write_shard
 from bertperf.prep.parallel import World, default_workers, run_tasks
 
-HELP = "split unpadded shards into length bins (e.g. 1-128 ... 385-512), each shuffled and sharded"
 STAGE = "stratify"
 SUMMARY = "stratify.json"
 SUMMARY_FORMAT = "bertperf-stratify/1"

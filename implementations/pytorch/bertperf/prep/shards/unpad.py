@@ -25,7 +25,6 @@ from bertperf.formats import detect, manifest, nvidia, padded, unpadded
 from bertperf.formats.files import atomic_output, remove_stale_temporaries
 from bertperf.prep.parallel import World, default_workers, run_tasks
 
-HELP = "padded HDF5 samples to the unpadded layout (ours or NVIDIA's variable-length one)"
 STAGE = "unpad"
 
 

@@ -33,7 +33,6 @@ from bertperf.formats import manifest
 from bertperf.formats.files import atomic_output, read_utf8, remove_stale_temporaries
 from bertperf.prep.parallel import World, default_workers, run_tasks
 
-HELP = "clean WikiExtractor text (reference cleanup_file.py + clean.sh), one output per input file"
 
 STAGE = "clean"
 

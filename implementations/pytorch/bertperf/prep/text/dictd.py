@@ -33,7 +33,6 @@ from typing import Iterator
 from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 
-HELP = "a dictd database (e.g. Debian's dict-foldoc) as WikiExtractor-format articles"
 
 _DIGITS = {c: i for i, c in enumerate(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}

@@ -39,7 +39,6 @@ from bertperf.prep.parallel import World
 from bertperf.prep.text.clean import (add_common_arguments, run_per_file_stage, split_lines,
                                       universal_newlines)
 
-HELP = "split cleaned text into one sentence per line (reference do_sentence_segmentation.py)"
 
 STAGE = "segment"
 # punkt345 subclasses this nltk version's Punkt internals; with it installed, the sentences were

@@ -45,8 +45,6 @@ from bertperf.prep.parallel import World, run_tasks
 from bertperf.prep.text.clean import (add_common_arguments, check_workers, find_inputs,
                                       prepare_output)
 
-HELP = ("hold out eval articles and gather the rest into part files "
-        "(reference seperate_test_set.py + do_gather.py)")
 
 STAGE = "split"
 EVAL_TXT = "eval.txt"
