@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,9 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bertperf.__main__ import main as bertperf_main
 from bertperf.errors import UserError
-from bertperf.prep.parallel import default_workers
 from bertperf.resources import find_vocab, find_wiki_sample
 
 MLPERF_FLAGS = ["--max_seq_length=512", "--max_predictions_per_seq=76", "--masked_lm_prob=0.15",
@@ -30,15 +29,10 @@ MLPERF_FLAGS = ["--max_seq_length=512", "--max_predictions_per_seq=76", "--maske
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wiki_dir", help="wikiextractor files (default: ../shared/data/wiki_sample)")
     p.add_argument("--vocab_file", help="vocab (default: found as in bertperf.resources)")
-    p.add_argument("--workers", type=int, default=default_workers(), help="the 'all cores' row")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="the 'all cores' row")
     p.add_argument("--skip_python", action="store_true", help="skip the slow pure-Python row")
     p.add_argument("--copies", type=int, default=4,
                    help="time create on this many copies of each part (more work per process)")
-
-
-def _call(argv: list[str]) -> None:
-    if (rc := bertperf_main(argv)) != 0:
-        raise UserError(f"bench: `python -m bertperf {' '.join(argv)}` failed with exit {rc}")
 
 
 def _timed_process(argv: list[str]) -> float:
@@ -73,9 +67,8 @@ def run(args: argparse.Namespace) -> int:
                        "--block_size", "1.0", "--num_outputs", str(n_files)]),
         ]
         for name, argv in stages:
-            t0 = time.perf_counter()
-            _call(argv + ["--workers", "1"])
-            print(f"{name:8s} {time.perf_counter() - t0:7.2f} s (1 worker)")
+            seconds = _timed_process(argv + ["--workers", "1"])
+            print(f"{name:8s} {seconds:7.2f} s (1 worker, whole process)")
         parts = work / "bench_parts"
         parts.mkdir()
         originals = sorted((work / "parts").glob("part-*"))
