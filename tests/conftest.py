@@ -1,4 +1,6 @@
-"""Shared fixtures. Data from ../shared (beside the checkout) is used where present, else skipped."""
+"""Shared fixtures. The MLPerf vocab is found as the demo finds it (bertperf.resources.find_vocab:
+$BERTPERF_VOCAB, ../shared beside the checkout, or the PyPI package `make setup` installs); the
+Wikipedia sample exists only in ../shared, and the tests that need it skip without it."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 @pytest.fixture(scope="session")
 def vocab_file() -> Path:
-    path = SHARED / "data" / "vocab" / "vocab.txt"
-    if not path.is_file():
-        pytest.skip(f"MLPerf vocab not found at {path} (shared/ is not beside the checkout)")
-    return path
+    from bertperf.errors import UserError
+    from bertperf.resources import find_vocab
+    try:
+        return find_vocab()
+    except UserError as exc:
+        pytest.skip(f"{exc} (make setup installs it)")
 
 
 @pytest.fixture(scope="session")

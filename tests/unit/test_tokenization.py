@@ -12,9 +12,8 @@ from bertperf.prep.samples import tokenization as tk
 from bertperf.prep.samples.tokenization import (MLPERF_VOCAB_MD5, SAFE_RANGES, ReferenceTokenizer,
                                                 Tokenizer, build_hf_tokenizer, is_fast_safe,
                                                 load_vocab, vocab_md5_warning)
+from tests.conftest import SHARED
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-REAL_VOCAB = SHARED / "data" / "vocab" / "vocab.txt"
 WIKI_SAMPLE = SHARED / "data" / "wiki_sample"
 
 # Contexts a whitelisted code point is tried in: alone, inside/around letters (cased, accented,
@@ -80,10 +79,8 @@ def small_vocab(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def real_vocab():
-    if not REAL_VOCAB.is_file():
-        pytest.skip(f"MLPerf vocab not found at {REAL_VOCAB} (shared data not mounted)")
-    return load_vocab(REAL_VOCAB)
+def real_vocab(vocab_file):
+    return load_vocab(vocab_file)
 
 
 def _fast_modes():
@@ -135,10 +132,10 @@ def test_load_vocab_errors(tmp_path):
         assert "\n" not in str(info.value) and bad.name in str(info.value)
 
 
-def test_vocab_md5_warning(small_vocab, real_vocab):
+def test_vocab_md5_warning(small_vocab, vocab_file):
     warning = vocab_md5_warning(small_vocab)
     assert warning and str(small_vocab) in warning and MLPERF_VOCAB_MD5 in warning and "\n" not in warning
-    assert vocab_md5_warning(REAL_VOCAB) is None
+    assert vocab_md5_warning(vocab_file) is None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -215,14 +212,14 @@ def test_memo_is_exact_when_full_or_off(small_vocab):
 
 
 @pytest.mark.parametrize("lower", [True, False])
-def test_golden_reference_outputs(real_vocab, lower):
+def test_golden_reference_outputs(real_vocab, vocab_file, lower):
     ref = ReferenceTokenizer(real_vocab, lower, cache_words=0)
     texts = [g[0] for g in GOLDEN]
     expected = [g[1] if lower else g[2] for g in GOLDEN]
     assert [ref.tokenize(s) for s in texts] == expected
     ids = [[real_vocab[p] for p in exp] for exp in expected]
     for fast in _fast_modes():
-        assert Tokenizer(REAL_VOCAB, do_lower_case=lower, fast=fast).encode_lines(texts) == ids
+        assert Tokenizer(vocab_file, do_lower_case=lower, fast=fast).encode_lines(texts) == ids
 
 
 def _safe_code_points():
@@ -256,7 +253,7 @@ def test_whitelist_exhaustive(real_vocab, lower):
 
 
 @pytest.mark.parametrize("lower", [True, False])
-def test_whitelist_random_strings(real_vocab, lower):
+def test_whitelist_random_strings(real_vocab, vocab_file, lower):
     """Random mixes of whitelisted characters (multi-character interactions): fast == reference."""
     pytest.importorskip("tokenizers")
     rng = random.Random(20240607)
@@ -268,19 +265,19 @@ def test_whitelist_random_strings(real_vocab, lower):
         texts.append("".join(chr(rng.choice(cps) if rng.random() < 0.4 else rng.choice(common))
                              for _ in range(n)))
     ref = ReferenceTokenizer(real_vocab, lower, cache_words=0)
-    got = Tokenizer(REAL_VOCAB, do_lower_case=lower, fast=True).encode_lines(texts)
+    got = Tokenizer(vocab_file, do_lower_case=lower, fast=True).encode_lines(texts)
     bad = [s for s, g in zip(texts, got) if g != ref.tokenize_ids(s)]
     assert not bad, f"{len(bad)} of {len(texts)} differ, e.g. {bad[:5]!r}"
 
 
 @pytest.mark.parametrize("lower", [True, False])
-def test_special_characters_take_the_reference_result(real_vocab, lower):
+def test_special_characters_take_the_reference_result(real_vocab, vocab_file, lower):
     ref = ReferenceTokenizer(real_vocab, lower, cache_words=0)
     texts = [ctx.replace("{c}", ch) for ch in SPECIAL_CHARS.values() for ctx in CONTEXTS]
     texts += ["ΣΟΦΟΣ", "ΟΔΟΣ.", "aΣ b", "xΣy", "word\ue000 other", "ab\U0002b820\U0002b821cd"]
     expected = [ref.tokenize_ids(s) for s in texts]
     for fast in _fast_modes():
-        got = Tokenizer(REAL_VOCAB, do_lower_case=lower, fast=fast).encode_lines(texts)
+        got = Tokenizer(vocab_file, do_lower_case=lower, fast=fast).encode_lines(texts)
         bad = [s for s, g, e in zip(texts, got, expected) if g != e]
         assert not bad, f"fast={fast}: {bad!r}"
 
@@ -297,14 +294,14 @@ def _wiki_lines():
     return lines
 
 
-def test_wiki_sample_fast_and_memo_equal_reference(real_vocab):
+def test_wiki_sample_fast_and_memo_equal_reference(real_vocab, vocab_file):
     lines = _wiki_lines()
     ref = ReferenceTokenizer(real_vocab, cache_words=0)
     expected = [ref.tokenize_ids(s) for s in lines]
     n_tokens = sum(map(len, expected))
     assert n_tokens > 500_000
     for fast in _fast_modes():
-        t = Tokenizer(REAL_VOCAB, fast=fast)
+        t = Tokenizer(vocab_file, fast=fast)
         got = []
         for start in range(0, len(lines), 1000):
             got += t.encode_lines(lines[start:start + 1000])
