@@ -11,6 +11,7 @@ Each is (exit status, output); the summarizer's also carries the rows of the JSO
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -676,3 +677,55 @@ def test_relative_paths_and_the_committed_results_pass(capsys, monkeypatch):
     rc, out, err = cli(["check", "--logs", *map(str, logs)], capsys)
     assert rc == 0, out + err
     assert out.count(" PASS ") == 10
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["relative", "absolute"])
+def test_paths_from_any_folder_leave_it_untouched(tmp_path, capsys, monkeypatch, relative):
+    """`submission` and `check` run from a folder that is neither the repository's nor the tools'
+    scratch folder: every path flag works relative to it or absolute, and the folder ends up with
+    the inputs and the submission only (the checkers' own log files go to the scratch folder)."""
+    root = Path(__file__).resolve().parents[2]
+    work = tmp_path / "work"
+    runs = work / "runs" / "sys1" / "bert"
+    runs.mkdir(parents=True)
+    for log in sorted(root.glob("results/*/bert/result_*.txt")):
+        shutil.copy(log, runs / log.name)
+    assert len(list(runs.iterdir())) == 10
+    shutil.copy(root / "config_CPU_1x2x32x1.sh", work / "config_CPU_1x2x32x1.sh")
+    inputs = _tree(work)
+    monkeypatch.chdir(work)
+
+    def arg(rel: str) -> str:
+        return rel if relative else str(work / rel)
+
+    rc, out, err = cli(["submission", "--run-dir", arg("runs"), "--org", "Org", "--system",
+                        "sys", "--out", arg("out"), "--config-file", arg("config_CPU_1x2x32x1.sh"),
+                        "--division", "open", "--field", "cooling=air"], capsys)
+    assert rc == 0, err
+    assert f"wrote {Path(arg('out')) / 'Org'}" in out
+    org = work / "out" / "Org"
+    assert sorted(p.name for p in (org / "results" / "sys" / "bert").iterdir()) == \
+        [f"result_{i}.txt" for i in range(10)]
+    assert (org / "benchmarks/bert/implementations/pytorch/config_CPU_1x2x32x1.sh").is_file()
+
+    rc, out, err = cli(["check", "--logs", arg("runs/sys1/bert"), "--results", arg("runs/sys1"),
+                        "--submission", arg("out/Org"), "--rcp-bypass"], capsys)
+    assert rc == 0, out + err
+    verdicts = [line.split()[2] for line in out.splitlines()
+                if line.split()[:1] in (["compliance"], ["rcp"], ["system-desc"], ["package"],
+                                        ["summarizer"])]
+    assert len(verdicts) == 10 + 1 + 1 + 10 + 2 and set(verdicts) == {PASS, BYPASS}, out
+
+    assert sorted(p.name for p in work.iterdir()) == ["config_CPU_1x2x32x1.sh", "out", "runs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    assert sorted(p.name for p in (work / "out").iterdir()) == ["Org"]
+    assert {k: v for k, v in _tree(work).items() if not k.startswith("out/")} == inputs
+    assert sorted(p.name for p in org.iterdir()) == ["benchmarks", "results", "systems"]
+    assert sorted(p.name for p in (org / "results" / "sys" / "bert").iterdir()) == \
+        [f"result_{i}.txt" for i in range(10)]
+    assert sorted(p.name for p in (org / "systems").iterdir()) == ["sys.json"]

@@ -1,7 +1,9 @@
 """Run the official MLPerf checkers (mlperf-logging, training ruleset 5.0.0) and give one verdict table.
 
 Each checker runs as `sys.executable -m mlperf_logging.<tool>` in a subprocess, with its log file
-(`--log_output`) and working folder in a temporary folder, so nothing lands in the caller's folder.
+(`--log_output`) and working folder in a temporary folder, so nothing lands in the caller's folder;
+every path handed to a tool is made absolute first (check_* below), so paths relative to the
+caller's folder work.
 Exception: the package checker and the result summarizer write (or delete) `scaling.json` in each
 results/<system>/bert folder when the RCP check says the score must be normalised; that file is part
 of a submission, so it is left where they put it.
@@ -250,6 +252,7 @@ def run_tool(module: str, args: list[str], workdir: Path) -> tuple[int, str, flo
 
 
 def check_log(log: Path, workdir: Path) -> Result:
+    log = Path(log).absolute()
     rc, out, secs = run_tool("compliance_checker", [
         "--usage", USAGE, "--ruleset", RULESET,
         "--log_output", str(_scratch(workdir, "compliance", log)), str(log)], workdir)
@@ -257,6 +260,7 @@ def check_log(log: Path, workdir: Path) -> Result:
 
 
 def check_rcp(folder: Path, workdir: Path, rcp_bypass: bool) -> Result:
+    folder = Path(folder).absolute()
     rc, out, secs = run_tool("rcp_checker", [
         str(folder), "--rcp_usage", USAGE, "--rcp_version", RULESET, "--rcp_pass", "pruned_rcps",
         "--log_output", str(_scratch(workdir, "rcp", folder))], workdir)
@@ -268,12 +272,14 @@ def check_rcp(folder: Path, workdir: Path, rcp_bypass: bool) -> Result:
 
 
 def check_system_desc(desc: Path, workdir: Path) -> Result:
+    desc = Path(desc).absolute()
     rc, out, secs = run_tool("system_desc_checker", [
         str(desc), USAGE, RULESET, "--log_output", str(_scratch(workdir, "sysdesc", desc))], workdir)
     return Result("system-desc", str(desc), *parse_system_desc(rc, out), secs, out)
 
 
 def check_package(org: Path, workdir: Path, rcp_bypass: bool) -> Result:
+    org = Path(org).absolute()
     args = [str(org), USAGE, RULESET, "--log_output", str(_scratch(workdir, "package", org))]
     rc, out, secs = run_tool("package_checker", args + (["--rcp-bypass"] if rcp_bypass else []),
                              workdir)
@@ -286,6 +292,7 @@ def check_package(org: Path, workdir: Path, rcp_bypass: bool) -> Result:
 
 
 def summarize(org: Path, workdir: Path, rcp_bypass: bool) -> list[Result]:
+    org = Path(org).absolute()
     csv = _scratch(workdir, "summary", org).with_suffix(".csv")
     rc, out, secs = run_tool("result_summarizer", [str(org), USAGE, RULESET, "--csv", str(csv)],
                              workdir)
@@ -338,7 +345,8 @@ _counter = itertools.count()
 
 
 def _scratch(workdir: Path, kind: str, target: Path) -> Path:
-    return workdir / f"{next(_counter):04d}-{kind}-{target.name or 'root'}.log"
+    """A fresh absolute path in the scratch folder for one tool's own file (its log)."""
+    return Path(workdir).absolute() / f"{next(_counter):04d}-{kind}-{target.name or 'root'}.log"
 
 
 # ---- inputs --------------------------------------------------------------------------------------
