@@ -56,8 +56,11 @@ demo-wiki: setup
 	PYTHON=$(PY) WIKI_DIR=$(WIKI_SAMPLE) OUT_DIR=$(OUT)/wiki_sample NUM_EVAL_ARTICLES=40 \
 	  BLOCK_SIZE=1.0 NUM_PARTS=4 NUM_EVAL_SAMPLES=1000 bash data_prep/prepare_data.sh
 
+# `prep create` against the MLCommons reference script, whole processes, one core each; REFERENCE
+# is a folder with the reference create_pretraining_data.py and tokenization.py (mlcommons/training,
+# retired_benchmarks/bert/cleanup_scripts); without it the reference row is left out.
 bench-prep: setup
-	$(PY) -m bertperf bench prep
+	$(PY) -m bertperf bench prep --text $(WIKI_SAMPLE) $(if $(REFERENCE),--reference $(REFERENCE))
 
 lint:
 	shellcheck -x *.sh run.sub .ci/run data_prep/*.sh compliance/*.sh

@@ -1,10 +1,26 @@
-"""Speed of `prep create` on the Wikipedia sample with the MLPerf flags.
+"""`python -m bertperf bench prep --text DIR`: whole-process speed of `prep create` against the
+MLCommons reference `create_pretraining_data.py`, per core, with MLPerf's flags.
 
-Runs the text stages once (clean, segment, split into one part per input file), then times `create`
-(512 tokens, 76 predictions, dupe factor 10, seed 12345) in several configurations, each into a fresh
-folder, and prints samples/s and MB of text/s. The pure-Python row (reference tokenizer and Python
-instance builder) is this project's own statement of the reference algorithm; the reference script's
-own rate was measured separately (docs/performance.md says how).
+The text stages run once on DIR (wikiextractor files, e.g. the Wikipedia sample
+../shared/data/wiki_sample), each timed as a whole process: clean, segment, split into one part
+per input file (no eval articles held out). Then every row makes the samples of all parts in a
+fresh process pinned to one core, timed from start to exit (interpreter start, imports, vocab
+and Unicode tables included, as a user runs it); the median of --repeat runs is shown:
+
+  reference        the reference script itself, `--input_file` = all parts, one output file,
+                   under the TensorFlow stand-in of bench/tf_stub (needs `pip install absl-py
+                   six`; pass --reference DIR holding create_pretraining_data.py and
+                   tokenization.py from mlcommons/training, retired_benchmarks/bert/
+                   cleanup_scripts). The stand-in's TFRecord writer only counts examples, so
+                   this row leaves out protobuf serialisation and writing, which TensorFlow adds.
+  prep create      the same command shape (`--input_file` = all parts, `--output_file`): the
+                   default (C instance builder, cached Python tokenizer), `--engine python`,
+                   `--tokenizer hf`
+  per part         `prep create --input_dir --workers N` (one run per part, MLPerf's way),
+                   on N cores (not pinned)
+  start-up         `python -m bertperf prep create --help`: what every process pays first
+
+Every row must produce the same number of samples; a difference is reported.
 """
 
 from __future__ import annotations
@@ -12,90 +28,150 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bertperf.benchmark import CREATE_FLAGS
 from bertperf.errors import UserError
-from bertperf.resources import find_vocab, find_wiki_sample
+from bertperf.resources import find_vocab
 
-MLPERF_FLAGS = ["--max_seq_length=512", "--max_predictions_per_seq=76", "--masked_lm_prob=0.15",
-                "--random_seed=12345", "--dupe_factor=10"]
+STUB = Path(__file__).resolve().parent / "tf_stub"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--wiki_dir", help="wikiextractor files (default: ../shared/data/wiki_sample)")
-    p.add_argument("--vocab_file", help="vocab (default: found as in bertperf.resources)")
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="the 'all cores' row")
-    p.add_argument("--skip_python", action="store_true", help="skip the slow pure-Python row")
-    p.add_argument("--copies", type=int, default=4,
-                   help="time create on this many copies of each part (more work per process)")
+    p.add_argument("--text", required=True, type=Path,
+                   help="folder of wikiextractor files, e.g. ../shared/data/wiki_sample")
+    p.add_argument("--reference", type=Path,
+                   help="folder with the reference create_pretraining_data.py and tokenization.py"
+                        " (without it the reference row is left out)")
+    p.add_argument("--vocab_file", type=Path, help="vocab (default: found as in bertperf.resources)")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                   help="cores of the per-part row (default: all)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per row; the median is shown")
+    p.add_argument("--skip_python", action="store_true", help="leave out the --engine python row")
 
 
-def _timed_process(argv: list[str]) -> float:
-    """Run `python -m bertperf argv` in a fresh process (cold caches, imports counted)."""
+def _one_core() -> None:
+    """preexec_fn: pin the child to the lowest core this process may use."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def timed(argv: list[str], *, pin: bool, cwd: Path | None = None,
+          env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Wall-clock seconds of a whole process and its stderr; a UserError when it fails."""
     t0 = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "bertperf", *argv], capture_output=True, text=True)
+    run = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env,
+                         preexec_fn=_one_core if pin else None)
     seconds = time.perf_counter() - t0
     if run.returncode != 0:
-        raise UserError(f"bench: `python -m bertperf {' '.join(argv)}` failed: "
-                        f"{run.stderr.strip().splitlines()[-1:]}")
-    return seconds
+        last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(f"bench prep: `{' '.join(argv)}` failed: {last}")
+    return seconds, run.stderr
 
 
-def _samples(folder: Path) -> int:
+def bertperf(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bertperf", *args]
+
+
+def manifest_samples(folder: Path) -> int:
     doc = json.loads((folder / "MANIFEST.json").read_text())
     return sum(e["samples"] or 0 for e in doc["files"].values())
 
 
+def reference_samples(stderr: str) -> int:
+    found = re.findall(r"Wrote (\d+) total instances", stderr)
+    if not found:
+        raise UserError("bench prep: the reference script did not report its instance count")
+    return int(found[-1])
+
+
 def run(args: argparse.Namespace) -> int:
-    wiki = Path(args.wiki_dir) if args.wiki_dir else find_wiki_sample()
+    if not args.text.is_dir():
+        raise UserError(f"{args.text}: no such folder (--text: wikiextractor files)")
+    if args.reference is not None:
+        missing = [f for f in ("create_pretraining_data.py", "tokenization.py")
+                   if not (args.reference / f).is_file()]
+        if missing:
+            raise UserError(f"{args.reference}: no {', '.join(missing)} (--reference)")
+        try:
+            import absl  # noqa: F401
+            import six  # noqa: F401
+        except ImportError:
+            raise UserError("bench prep --reference: the reference needs absl-py and six "
+                            "(pip install absl-py six)") from None
     vocab = str(args.vocab_file or find_vocab())
-    rows = []
+    n_files = len([p for p in args.text.rglob("*") if p.is_file()])
+    rows: list[tuple[str, int, list[float], int]] = []
     with tempfile.TemporaryDirectory(prefix="bertperf-bench-") as tmp:
         work = Path(tmp)
-        n_files = len([p for p in wiki.rglob("*") if p.is_file()])
-        stages = [
-            ("clean", ["prep", "clean", "--input", str(wiki), "--output", str(work / "clean")]),
-            ("segment", ["prep", "segment", "--input", str(work / "clean"),
+        text_stages = [
+            ("clean", ["clean", "--input", str(args.text), "--output", str(work / "clean")]),
+            ("segment", ["segment", "--input", str(work / "clean"),
                          "--output", str(work / "segmented")]),
-            ("split", ["prep", "split", "--input", str(work / "segmented"), "--raw_dir", str(wiki),
-                       "--output", str(work / "parts"), "--num_test_articles", "40",
-                       "--block_size", "1.0", "--num_outputs", str(n_files)]),
+            ("split", ["split", "--input", str(work / "segmented"), "--raw_dir", str(args.text),
+                       "--output", str(work / "parts"), "--num_test_articles", "0",
+                       "--num_outputs", str(n_files)]),
         ]
-        for name, argv in stages:
-            seconds = _timed_process(argv + ["--workers", "1"])
-            print(f"{name:8s} {seconds:7.2f} s (1 worker, whole process)")
-        parts = work / "bench_parts"
-        parts.mkdir()
-        originals = sorted((work / "parts").glob("part-*"))
-        total = len(originals) * args.copies
-        for k in range(total):  # copies of the sample parts, so each process has real work
-            shutil.copy(originals[k % len(originals)], parts / f"part-{k:05d}-of-{total:05d}")
-        text_mb = sum(p.stat().st_size for p in parts.glob("part-*")) / 1e6
-        configs = [("C builder", 1, "c", "python"),
-                   ("C builder + HF tok.", 1, "c", "hf"),
-                   ("C builder", args.workers, "c", "python")]
+        for name, argv in text_stages:
+            seconds, _ = timed(bertperf("prep", *argv, "--workers", "1"), pin=True)
+            print(f"{name:8s} {seconds:6.2f} s (whole process, one core)")
+        parts = sorted((work / "parts").glob("part-*"))
+        joined = ",".join(str(p) for p in parts)
+        text_mb = sum(p.stat().st_size for p in parts) / 1e6
+
+        def repeat(label: str, cores: int, make_argv, count, **kw) -> None:
+            times, samples = [], None
+            for i in range(args.repeat):
+                out = work / f"{len(rows)}-{i}"
+                out.mkdir()
+                seconds, stderr = timed(make_argv(out), **kw)
+                times.append(seconds)
+                samples = count(out, stderr)
+                shutil.rmtree(out)
+            rows.append((label, cores, times, samples))
+
+        if args.reference is not None:
+            env = dict(os.environ, PYTHONPATH=str(STUB))
+            repeat("reference create_pretraining_data.py", 1,
+                   lambda out: [sys.executable, str(args.reference / "create_pretraining_data.py"),
+                                f"--input_file={joined}", f"--output_file={out / 'out.tfrecord'}",
+                                f"--vocab_file={vocab}", "--do_lower_case=True", *CREATE_FLAGS],
+                   lambda out, err: reference_samples(err), pin=True, cwd=args.reference, env=env)
+        configs = [("prep create (C builder)", []),
+                   ("prep create --tokenizer hf", ["--tokenizer", "hf"])]
         if not args.skip_python:
-            configs.insert(0, ("pure Python", 1, "python", "python"))
-        for label, workers, engine, tok in configs:
-            out = work / f"hdf5-{engine}-{tok}-{workers}"
-            seconds = _timed_process(
-                ["prep", "create", "--input_dir", str(parts), "--output_dir", str(out),
-                 "--vocab_file", vocab, "--workers", str(workers), "--engine", engine,
-                 "--tokenizer", tok, *MLPERF_FLAGS])
-            rows.append((label, workers, seconds, _samples(out)))
-    print(f"\ncreate on {text_mb:.2f} MB of text ({total} parts: {args.copies} copies of the "
-          f"{len(originals)} parts from {n_files} wiki files), MLPerf flags, fresh process per row")
-    print(f"| {'configuration':20s} | workers | seconds | samples | samples/s | MB/s | vs pure Python |")
-    print(f"|{'-' * 22}|---------|---------|---------|-----------|------|----------------|")
-    base = rows[0][3] / rows[0][2] if not args.skip_python else None
-    for label, workers, seconds, samples in rows:
-        rate = samples / seconds
-        ratio = f"{rate / base:.1f}x" if base else "-"
-        print(f"| {label:20s} | {workers:7d} | {seconds:7.2f} | {samples:7d} | {rate:9.0f} | "
-              f"{text_mb / seconds:4.2f} | {ratio:>14s} |")
+            configs.insert(1, ("prep create --engine python", ["--engine", "python"]))
+        for label, extra in configs:
+            repeat(label, 1,
+                   lambda out, extra=extra: bertperf(
+                       "prep", "create", "--input_file", joined, "--output_file",
+                       str(out / "out.hdf5"), "--vocab_file", vocab, *extra, *CREATE_FLAGS),
+                   lambda out, err: manifest_samples(out), pin=True)
+        repeat(f"prep create --input_dir --workers {args.workers}", args.workers,
+               lambda out: bertperf("prep", "create", "--input_dir", str(work / "parts"),
+                                    "--output_dir", str(out / "hdf5"), "--vocab_file", vocab,
+                                    "--workers", str(args.workers), *CREATE_FLAGS),
+               lambda out, err: manifest_samples(out / "hdf5"), pin=False)
+        repeat("start-up: prep create --help", 1, lambda out: bertperf("prep", "create", "--help"),
+               lambda out, err: 0, pin=True)
+    print(f"\ncreate on {text_mb:.2f} MB of text ({len(parts)} parts from {n_files} files of "
+          f"{args.text}), MLPerf flags; whole processes, median of {args.repeat}")
+    print("| row | cores | seconds (min-max) | samples | samples/s per core | vs reference |")
+    print("|---|---|---|---|---|---|")
+    base = statistics.median(rows[0][2]) if args.reference is not None else None
+    for label, cores, times, samples in rows:
+        med = statistics.median(times)
+        rate = f"{samples / med / cores:,.0f}" if samples else "-"
+        ratio = f"{base / med:.1f}x" if base and samples else "-"
+        print(f"| {label} | {cores} | {med:.2f} ({min(times):.2f}-{max(times):.2f}) | "
+              f"{samples or '-'} | {rate} | {ratio} |")
+    counts = {s for _, _, _, s in rows if s}
+    if len(counts) > 1:
+        print(f"warning: the rows made different numbers of samples: {sorted(counts)}")
     return 0

@@ -1,0 +1,1 @@
+"""tensorflow.compat (see tensorflow/__init__.py)."""

@@ -1,0 +1,78 @@
+"""`bench prep`: runs end to end on a small text, with the reference row driven through the
+TensorFlow stand-in by a script that uses the same TF 1.x calls as the reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bertperf.__main__ import main
+from bertperf.bench.prep import STUB
+
+ARTICLE = ('<doc id="{i}" url="u" title="T{i}">\nT{i}\n\n'
+           "The first sentence of article {i} is here. It has a second sentence too.\n"
+           "Another paragraph follows with more words in it.\n</doc>\n")
+
+# The reference's TensorFlow surface: tf.flags/FLAGS, tf.app.run(), tf.logging, tf.gfile,
+# tf.train.Example..., tf.python_io.TFRecordWriter; tensorflow.compat.v1 for tokenization.py.
+FAKE_REFERENCE = '''
+import tensorflow as tf
+import tensorflow.compat.v1 as tf1
+flags = tf.flags
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input_file", None, "")
+flags.DEFINE_string("output_file", None, "")
+flags.DEFINE_string("vocab_file", None, "")
+flags.DEFINE_bool("do_lower_case", True, "")
+for name in ("max_seq_length", "max_predictions_per_seq", "random_seed", "dupe_factor"):
+    flags.DEFINE_integer(name, 0, "")
+flags.DEFINE_float("masked_lm_prob", 0.15, "")
+
+def main(_):
+    tf.logging.set_verbosity(tf.logging.INFO)
+    files = [f for p in FLAGS.input_file.split(",") for f in tf.gfile.Glob(p)]
+    lines = [l for f in files for l in tf1.gfile.GFile(f, "r")]
+    writer = tf.python_io.TFRecordWriter(FLAGS.output_file)
+    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=[1, 2]))
+    for _ in lines:
+        example = tf.train.Example(features=tf.train.Features(feature={"x": feature}))
+        writer.write(example.SerializeToString())
+    writer.close()
+    tf.logging.info("Wrote %d total instances", len(lines))
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("input_file")
+    tf.app.run()
+'''
+
+
+def test_tf_stand_in_runs_a_tf1_script(tmp_path):
+    pytest.importorskip("absl", reason="the reference row needs absl-py (pip install absl-py)")
+    (tmp_path / "in.txt").write_text("a\nb\nc\n")
+    (tmp_path / "ref.py").write_text(FAKE_REFERENCE)
+    run = subprocess.run([sys.executable, "ref.py", "--input_file=in.txt", "--output_file=o",
+                          "--vocab_file=v", "--max_seq_length=8"], cwd=tmp_path, text=True,
+                         capture_output=True, env={"PYTHONPATH": str(STUB)})
+    assert run.returncode == 0, run.stderr
+    assert "Wrote 3 total instances" in run.stderr
+
+
+def test_bench_prep_prints_its_table(tmp_path, capsys, vocab_file):
+    text = tmp_path / "text" / "AA"
+    text.mkdir(parents=True)
+    for k in range(2):
+        (text / f"wiki_0{k}").write_text("".join(ARTICLE.format(i=10 * k + i) for i in range(6)))
+    assert main(["bench", "prep", "--text", str(tmp_path / "text"), "--repeat", "1",
+                 "--skip_python", "--workers", "1", "--vocab_file", str(vocab_file)]) == 0
+    out = capsys.readouterr().out
+    assert "| prep create (C builder) | 1 |" in out and "start-up: prep create --help" in out
+    assert "different numbers of samples" not in out
+
+
+def test_bench_prep_names_a_bad_reference_folder(tmp_path, capsys):
+    (tmp_path / "text").mkdir()
+    assert main(["bench", "prep", "--text", str(tmp_path / "text"),
+                 "--reference", str(tmp_path)]) == 1
+    assert "no create_pretraining_data.py, tokenization.py (--reference)" in capsys.readouterr().err
