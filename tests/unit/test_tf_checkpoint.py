@@ -1,7 +1,9 @@
 """bertperf.model.tf_checkpoint and convert_cli on a checkpoint written by real TensorFlow
 (tests/fixtures/tf_ckpt, made by its make_tf_checkpoint.py), read here without TensorFlow: every
 tensor's value, the mapping to BertForPreTraining (strict load, transposes, vocabulary padding,
-HuggingFace parity), the convert-ckpt file, and one-line errors naming the file and variable."""
+HuggingFace parity), the convert-ckpt file, any of the checkpoint's files standing for its
+prefix, NVIDIA's PyTorch form of the checkpoint, and one-line errors naming the file and
+variable."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from bertperf.model import BertConfig, BertForPreTraining, tf_name, tf_transpose
 from bertperf.model import tf_checkpoint
 from bertperf.model.convert_cli import add_arguments, load_init_checkpoint, run
 from bertperf.model.tf_checkpoint import TFCheckpoint, crc32c_numpy, state_dict_from_tf
-from tests.unit.test_model import assert_same_logits_as_hf, hf_model, padded_batch
+from tests.unit.test_model import TINY, assert_same_logits_as_hf, hf_model, padded_batch
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tf_ckpt"
 PREFIX = FIXTURE / "model.ckpt-7"
@@ -305,3 +307,93 @@ def test_convert_cli_and_load_init_checkpoint_errors(tmp_path):
                                         r"\.weight has shape \(104, 8\), the BERT config needs "
                                         r"\(104, 16\)"):
         load_init_checkpoint(pt, dataclasses.replace(CONFIG, hidden_size=16))
+
+
+@pytest.mark.parametrize("suffix", ["", ".index", ".data-00000-of-00001", ".meta"])
+def test_any_file_of_the_checkpoint_stands_for_its_prefix(tmp_path, capsys, state_dict, suffix):
+    """--tf-checkpoint and INIT_CHECKPOINT take the prefix or one of the checkpoint's own files
+    (the fixture has no .meta; TF1 writes one, and its name is enough)."""
+    given = f"{PREFIX}{suffix}"
+    out = tmp_path / "model.pt"
+    assert convert("--tf-checkpoint", given, "--bert-config", str(FIXTURE / "bert_config.json"),
+                   "--output", str(out)) == 0
+    assert capsys.readouterr().out.startswith(f"convert-ckpt: {PREFIX} -> {out}: 46 tensors")
+    assert torch.load(out, weights_only=True)["source"] == str(PREFIX)
+    loaded = load_init_checkpoint(given, CONFIG)
+    assert loaded.keys() == state_dict.keys()
+    assert all(torch.equal(loaded[k], state_dict[k]) for k in state_dict)
+
+
+def test_a_checkpoint_file_whose_index_is_missing_names_the_index(tmp_path):
+    for suffix in (".index", ".data-00000-of-00001"):
+        with pytest.raises(UserError, match=rf"model\.ckpt-8\.index: no such file"):
+            load_init_checkpoint(tmp_path / f"model.ckpt-8{suffix}", CONFIG)
+
+
+# ---- NVIDIA's PyTorch checkpoint (model.ckpt-28252.pt) -------------------------------------------
+
+MLPERF_VOCAB = dataclasses.replace(TINY, vocab_size=30522)  # a tiny BERT with MLPerf's vocab
+PADDED_ROWS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight",
+               "cls.predictions.bias")
+
+
+def nvidia_checkpoint(path: Path, hf, gamma_beta: bool, padded: bool) -> Path:
+    """`hf`'s weights as NVIDIA's convert_tf_checkpoint.py leaves model.ckpt-28252.pt:
+    torch.save({'model': state_dict}) of its BertForPreTraining, HF's names, a decoder without
+    bias whose weight is the word embeddings, LayerNorm as gamma/beta or weight/bias, and the
+    vocabulary 30522 rows or padded to 30528 (NVIDIA pads with zeros; ones here, to show the
+    padding rows are dropped)."""
+    sd = {k: v.clone() for k, v in hf.state_dict().items() if k != "cls.predictions.decoder.bias"}
+    if padded:
+        for name in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
+            sd[name] = torch.cat([sd[name], sd[name].new_ones(6, *sd[name].shape[1:])])
+    sd["cls.predictions.decoder.weight"] = sd["bert.embeddings.word_embeddings.weight"]
+    if gamma_beta:
+        sd = {re.sub(r"LayerNorm\.weight$", "LayerNorm.gamma",
+                     re.sub(r"LayerNorm\.bias$", "LayerNorm.beta", k)): v for k, v in sd.items()}
+    assert {len(sd[n]) for n in PADDED_ROWS} == {30528 if padded else 30522}
+    torch.save({"model": sd}, path)
+    return path
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["30522", "30528"])
+@pytest.mark.parametrize("gamma_beta", [False, True], ids=["weight_bias", "gamma_beta"])
+def test_nvidia_checkpoint_gives_the_logits_of_the_model_it_came_from(tmp_path, gamma_beta,
+                                                                      padded):
+    hf = hf_model(MLPERF_VOCAB)
+    path = nvidia_checkpoint(tmp_path / "model.ckpt-28252.pt", hf, gamma_beta, padded)
+    state_dict = load_init_checkpoint(path, MLPERF_VOCAB)
+    word = state_dict["bert.embeddings.word_embeddings.weight"]
+    assert word.shape == (30528, 32) and not word[30522:].any()
+    assert not state_dict["cls.predictions.bias"][30522:].any()
+    model = BertForPreTraining(MLPERF_VOCAB).double().eval()
+    model.load_state_dict(state_dict, strict=True)
+    assert_same_logits_as_hf(model, hf, padded_batch([30, 5, 17], seed=3))
+
+
+LN = "bert.encoder.layer.1.output.LayerNorm"
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda sd: sd.update({"cls.extra.weight": torch.zeros(2)}),
+     "tensor cls.extra.weight is not in this model"),
+    (lambda sd: sd.pop("bert.pooler.dense.bias"), "has no tensor bert.pooler.dense.bias"),
+    (lambda sd: sd.update({f"{LN}.gamma": torch.ones(31, dtype=torch.float64)}),
+     rf"tensor {LN}.gamma has shape \(31,\), the BERT config needs \(32,\)"),
+    (lambda sd: sd.update({f"{LN}.weight": sd[f"{LN}.gamma"]}),
+     rf"tensors {LN}.gamma and {LN}.weight are both {LN}.weight"),
+    (lambda sd: sd.update({"cls.predictions.bias": torch.zeros(30000, dtype=torch.float64)}),
+     r"tensor cls.predictions.bias has shape \(30000,\), the BERT config needs 30522 or 30528 "
+     r"rows"),
+    (lambda sd: sd.update({"cls.predictions.decoder.weight":
+                           sd["cls.predictions.decoder.weight"] + 1}),
+     "cls.predictions.decoder.weight is not tied to bert.embeddings.word_embeddings.weight"),
+])
+def test_nvidia_checkpoint_errors_name_the_first_bad_tensor(tmp_path, damage, message):
+    path = nvidia_checkpoint(tmp_path / "model.ckpt-28252.pt", hf_model(MLPERF_VOCAB),
+                             gamma_beta=True, padded=True)
+    saved = torch.load(path, weights_only=True)
+    damage(saved["model"])
+    torch.save(saved, path)
+    with pytest.raises(UserError, match=rf"^init checkpoint {re.escape(str(path))}: {message}"):
+        load_init_checkpoint(path, MLPERF_VOCAB)

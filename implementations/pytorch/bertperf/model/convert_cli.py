@@ -1,11 +1,16 @@
 """`python -m bertperf convert-ckpt`: Google's TF1 BERT checkpoint (MLPerf's model.ckpt-28252) to a
-PyTorch file, without TensorFlow; and `load_init_checkpoint`, which reads either for training.
+PyTorch file, without TensorFlow; and `load_init_checkpoint`, which reads either for training, or
+NVIDIA's conversion of the same checkpoint (`model.ckpt-28252.pt`).
 
 The converted file is `torch.save` of one dict (loadable with `weights_only=True`):
 
   model        BertForPreTraining's state dict (float32, vocabulary padded with zero rows)
   bert_config  the BertConfig it was converted for, as a dict
   source       the TF checkpoint prefix it came from
+
+NVIDIA's file is `torch.save({'model': state_dict})` of its BertForPreTraining: HF's names, with
+LayerNorm parameters sometimes called gamma/beta, the vocabulary padded 30522 -> 30528 and the
+decoder weight tied to the word embeddings (hf.from_hf_state_dict reads both forms).
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert import BertForPreTraining
 from bertperf.model.bert_config import BertConfig
-from bertperf.model.tf_checkpoint import state_dict_from_tf
+from bertperf.model.hf import from_hf_state_dict, renamed
+from bertperf.model.tf_checkpoint import checkpoint_prefix, state_dict_from_tf
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tf-checkpoint", required=True, metavar="PREFIX",
-                   help="the checkpoint's path without .index, e.g. .../model.ckpt-28252")
+                   help="the checkpoint's prefix, e.g. .../model.ckpt-28252, or one of its "
+                        "files (.index, .data-00000-of-00001, .meta)")
     p.add_argument("--bert-config", default="large",
                    help='"large" (default; MLPerf\'s), "tiny", or the path of a bert_config.json')
     p.add_argument("--output", required=True, type=Path, help="the .pt file to write")
@@ -35,44 +42,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     config = BertConfig.named(args.bert_config)
-    state_dict = state_dict_from_tf(args.tf_checkpoint, config)
+    prefix = checkpoint_prefix(args.tf_checkpoint)
+    state_dict = state_dict_from_tf(prefix, config)
     with atomic_output(args.output) as tmp:
-        torch.save({"model": state_dict, "bert_config": asdict(config),
-                    "source": str(args.tf_checkpoint)}, tmp)
+        torch.save({"model": state_dict, "bert_config": asdict(config), "source": str(prefix)},
+                   tmp)
     params = sum(t.numel() for t in state_dict.values())
-    print(f"convert-ckpt: {args.tf_checkpoint} -> {args.output}: {len(state_dict)} tensors, "
+    print(f"convert-ckpt: {prefix} -> {args.output}: {len(state_dict)} tensors, "
           f"{params:,} parameters, {time.perf_counter() - start:.1f} s")
     return 0
 
 
 def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torch.Tensor]:
-    """BertForPreTraining's state dict from `path`: a TF checkpoint prefix (when PATH.index exists)
-    or a file written by convert-ckpt. Every tensor is checked against `config`'s model
-    (one-line UserError naming the file and the first tensor missing, extra or misshapen)."""
+    """BertForPreTraining's state dict from `path`: a TF checkpoint (its prefix, or one of its
+    files), a file written by convert-ckpt or NVIDIA's converted checkpoint. Every tensor is
+    checked against `config`'s model (one-line UserError naming the file and the first tensor
+    missing, unknown or misshapen, by its name in the file)."""
     path = Path(path)
-    if Path(f"{path}.index").is_file():
-        return state_dict_from_tf(path, config)
+    prefix = checkpoint_prefix(path)
+    if prefix != path or Path(f"{path}.index").is_file():
+        return state_dict_from_tf(prefix, config)
     if not path.is_file():
         raise UserError(f"init checkpoint {path}: neither a TF checkpoint prefix ({path}.index) "
-                        "nor a converted .pt file")
+                        "nor a PyTorch checkpoint file")
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated zip, bad pickle, foreign file: torch raises many kinds
         detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise UserError(f"init checkpoint {path}: unreadable: {detail}") from None
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-        raise UserError(f"init checkpoint {path}: not a convert-ckpt file (no 'model' state dict)")
-    state_dict = saved["model"]
+        raise UserError(f"init checkpoint {path}: not a convert-ckpt or NVIDIA checkpoint "
+                        "(no 'model' state dict)")
+    source = f"init checkpoint {path}"
+    state_dict = from_hf_state_dict(saved["model"], config, source)
+    in_file = {renamed(key): key for key in saved["model"]}
     with torch.device("meta"):
         mine = BertForPreTraining(config).state_dict()
     for name, tensor in mine.items():
         if name not in state_dict:
-            raise UserError(f"init checkpoint {path}: has no tensor {name}")
+            raise UserError(f"{source}: has no tensor {name}")
         if tuple(state_dict[name].shape) != tuple(tensor.shape):
-            raise UserError(f"init checkpoint {path}: tensor {name} has shape "
+            raise UserError(f"{source}: tensor {in_file.get(name, name)} has shape "
                             f"{tuple(state_dict[name].shape)}, the BERT config needs "
                             f"{tuple(tensor.shape)}")
     extra = [name for name in state_dict if name not in mine]
     if extra:
-        raise UserError(f"init checkpoint {path}: tensor {extra[0]} is not in this model")
+        raise UserError(f"{source}: tensor {in_file.get(extra[0], extra[0])} is not in this "
+                        "model")
     return state_dict

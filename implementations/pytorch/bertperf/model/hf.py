@@ -1,6 +1,8 @@
 """Parameter names and state dicts of the other BERT implementations: HuggingFace's
 BertForPreTraining (our names are HF's; HF has the unpadded vocabulary and the tied decoder as
-extra keys) and Google's TF1 checkpoint (`model.ckpt-28252` of MLPerf)."""
+extra keys), NVIDIA's MLPerf PyTorch checkpoint (`model.ckpt-28252.pt`: HF's names, LayerNorm
+parameters sometimes called gamma/beta, the vocabulary padded to a multiple of 8, a decoder
+without bias) and Google's TF1 checkpoint (`model.ckpt-28252` of MLPerf)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ from bertperf.model.bert_config import BertConfig
 _WORD = "bert.embeddings.word_embeddings.weight"
 _BIAS = "cls.predictions.bias"
 _DECODER = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+_LAYER_NORM_TF = re.compile(r"\.LayerNorm\.(gamma|beta)$")
+_TF_LEAVES = {"gamma": "weight", "beta": "bias"}
+NVIDIA_VOCAB_MULTIPLE = 8
+"""NVIDIA pads the vocabulary of its MLPerf checkpoint to a multiple of this (30522 -> 30528)."""
 _TF_SPECIAL = {
     "cls.predictions.bias": "cls/predictions/output_bias",
     "cls.seq_relationship.weight": "cls/seq_relationship/output_weights",
@@ -33,23 +39,46 @@ def to_hf_state_dict(state_dict: Mapping[str, torch.Tensor],
     return out
 
 
-def from_hf_state_dict(hf_state_dict: Mapping[str, torch.Tensor],
-                       config: BertConfig) -> dict[str, torch.Tensor]:
-    """HF's BertForPreTraining state dict as BertForPreTraining loads it (strict): vocabulary
-    padded with zero rows; the decoder keys, which must be tied to the embeddings, and the
-    `position_ids` buffer of older HF versions dropped."""
-    out = {k: v for k, v in hf_state_dict.items()
-           if k not in _DECODER and k != "bert.embeddings.position_ids"}
+def renamed(key: str) -> str:
+    """Our name for a key of HF's or NVIDIA's state dict: `LayerNorm.gamma`/`LayerNorm.beta`
+    (TF's names, which NVIDIA's checkpoints sometimes keep) become `LayerNorm.weight`/`.bias`;
+    every other key is already ours."""
+    return _LAYER_NORM_TF.sub(lambda m: f".LayerNorm.{_TF_LEAVES[m.group(1)]}", key)
+
+
+def from_hf_state_dict(hf_state_dict: Mapping[str, torch.Tensor], config: BertConfig,
+                       source: str = "HF state dict") -> dict[str, torch.Tensor]:
+    """HF's or NVIDIA's BertForPreTraining state dict (or ours) as BertForPreTraining loads it:
+    keys `renamed`; the vocabulary (`vocab_size` rows, or already padded to `padded_vocab_size`
+    or to NVIDIA's multiple of 8) cut to `vocab_size` and padded with zero rows; the decoder
+    keys, which must be tied to the embeddings, and the `position_ids` buffer of older HF
+    versions dropped. The other tensors are not checked here (a strict load_state_dict does
+    that). Errors are one line starting with `source`."""
+    out: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}
+    for key, value in hf_state_dict.items():
+        name = renamed(key)
+        if name in out:
+            raise UserError(f"{source}: tensors {origin[name]} and {key} are both {name}")
+        out[name], origin[name] = value, key
     for key, tied in zip(_DECODER, (_WORD, _BIAS)):
-        if key in hf_state_dict and not torch.equal(hf_state_dict[key], hf_state_dict[tied]):
-            raise UserError(f"HF state dict: {key} is not tied to {tied}")
-    extra = config.padded_vocab_size - config.vocab_size
-    word, bias = out[_WORD], out[_BIAS]
-    if len(word) != config.vocab_size:
-        raise UserError(f"HF state dict: {len(word)} word embeddings, config says "
-                        f"{config.vocab_size}")
-    out[_WORD] = torch.cat([word, word.new_zeros(extra, word.shape[1])])
-    out[_BIAS] = torch.cat([bias, bias.new_zeros(extra)])
+        if key in out and tied in out and not torch.equal(out[key], out[tied]):
+            raise UserError(f"{source}: {key} is not tied to {tied}")
+        out.pop(key, None)
+    out.pop("bert.embeddings.position_ids", None)
+    rows = sorted({config.vocab_size, config.padded_vocab_size,
+                   -(-config.vocab_size // NVIDIA_VOCAB_MULTIPLE) * NVIDIA_VOCAB_MULTIPLE})
+    for name in (_WORD, _BIAS):
+        tensor = out.get(name)
+        if tensor is None:
+            continue
+        if tensor.dim() == 0 or tensor.shape[0] not in rows:
+            raise UserError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the BERT "
+                            f"config needs {' or '.join(map(str, rows))} rows (vocab_size "
+                            f"{config.vocab_size}, padded or not)")
+        real = tensor[:config.vocab_size]
+        padding = real.new_zeros(config.padded_vocab_size - config.vocab_size, *real.shape[1:])
+        out[name] = torch.cat([real, padding])
     return out
 
 
@@ -65,7 +94,7 @@ def tf_name(name: str) -> str:
     if path.endswith("_embeddings"):
         return path
     if path.endswith("LayerNorm"):
-        leaf = {"weight": "gamma", "bias": "beta"}[leaf]
+        leaf = {ours: tf for tf, ours in _TF_LEAVES.items()}[leaf]
     elif leaf == "weight":
         leaf = "kernel"
     return f"{path}/{leaf}"

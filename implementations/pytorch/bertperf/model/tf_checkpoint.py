@@ -1,19 +1,22 @@
 """Read TensorFlow V2 checkpoints (tensor bundles) without TensorFlow, and turn Google's BERT
 variables (MLPerf's `model.ckpt-28252`) into BertForPreTraining's state dict.
 
-A checkpoint `PREFIX` is `PREFIX.index` plus `PREFIX.data-SSSSS-of-NNNNN` shards. The index is a
-LevelDB SSTable (footer -> index block -> data blocks of prefix-compressed keys; every block
-followed by a compression byte and a masked crc32c), mapping "" to a BundleHeaderProto and every
-variable name to a BundleEntryProto: dtype, shape, shard, offset and size of its little-endian
-bytes in the data file, and their masked crc32c. Open-source TF writes the index uncompressed
-(tensor_bundle.cc: kNoCompression since 1.2); snappy-compressed blocks, which TF reads and other
-writers may produce, are decoded in pure Python. Every tensor read is checked against its crc32c
-(google-crc32c's C code when installed, else a NumPy implementation).
+A checkpoint `PREFIX` is `PREFIX.index` plus `PREFIX.data-SSSSS-of-NNNNN` shards (and, from TF1,
+the graph in `PREFIX.meta`, not needed here); any of these names stands for the prefix
+(`checkpoint_prefix`). The index is a LevelDB SSTable (footer -> index block -> data blocks of
+prefix-compressed keys; every block followed by a compression byte and a masked crc32c), mapping
+"" to a BundleHeaderProto and every variable name to a BundleEntryProto: dtype, shape, shard,
+offset and size of its little-endian bytes in the data file, and their masked crc32c.
+Open-source TF writes the index uncompressed (tensor_bundle.cc: kNoCompression since 1.2);
+snappy-compressed blocks, which TF reads and other writers may produce, are decoded in pure
+Python. Every tensor read is checked against its crc32c (google-crc32c's C code when installed,
+else a NumPy implementation).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -282,6 +285,20 @@ def read_sstable(path: Path) -> dict[bytes, bytes]:
 
 # ---- tensor bundle -------------------------------------------------------------------------------
 
+_CHECKPOINT_FILE = re.compile(r"^(.+)\.(index|meta|data-\d+-of-\d+)$")
+
+
+def checkpoint_prefix(path: str | Path) -> Path:
+    """The prefix of the TF checkpoint that `path` names: `path` itself when `path`.index exists,
+    else `path` without the suffix of a checkpoint's own file (.index, .meta,
+    .data-SSSSS-of-NNNNN), else `path` unchanged."""
+    path = Path(path)
+    if Path(f"{path}.index").is_file():
+        return path
+    m = _CHECKPOINT_FILE.match(path.name)
+    return path.with_name(m.group(1)) if m else path
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     """Where and how one variable is stored (a BundleEntryProto)."""
@@ -330,10 +347,11 @@ def _shape(buf: bytes) -> tuple[int, ...]:
 
 
 class TFCheckpoint:
-    """A TF V2 checkpoint opened by its prefix: the index is read at once, tensors on `read`."""
+    """A TF V2 checkpoint opened by its prefix (or one of its files): the index is read at once,
+    tensors on `read`."""
 
     def __init__(self, prefix: str | Path):
-        self.prefix = str(prefix)
+        self.prefix = str(checkpoint_prefix(prefix))
         self.index_path = Path(self.prefix + ".index")
         table = read_sstable(self.index_path)
         try:
@@ -396,10 +414,11 @@ def _dims(shape: tuple[int, ...]) -> str:
 
 
 def state_dict_from_tf(prefix: str | Path, config: BertConfig) -> dict[str, torch.Tensor]:
-    """BertForPreTraining's state dict (float32, strict) from Google's BERT checkpoint `prefix`:
-    kernels transposed, vocabulary rows padded with zeros (hf.from_hf_state_dict). Optimizer slots
-    (adam_m, adam_v), global_step and other non-parameters are ignored; a missing parameter or
-    one of another shape than `config` needs is a UserError."""
+    """BertForPreTraining's state dict (float32, strict) from Google's BERT checkpoint `prefix`
+    (or one of its files): kernels transposed, vocabulary rows padded with zeros
+    (hf.from_hf_state_dict). Optimizer slots (adam_m, adam_v), global_step and other
+    non-parameters are ignored; a missing parameter or one of another shape than `config` needs
+    is a UserError."""
     ckpt = TFCheckpoint(prefix)
     with torch.device("meta"):
         ours = BertForPreTraining(config).state_dict()
