@@ -62,7 +62,10 @@ def corrupt(log: Path) -> None:
                            if '"key": "run_stop"' not in l))
 
 
-def test_submission_passes_check_with_rcp_bypass(run_dir, tmp_path, capsys):
+def test_submission_passes_check_with_rcp_bypass(run_dir, tmp_path, capsys, monkeypatch):
+    cwd = tmp_path / "cwd"  # run from an empty folder: no checker may leave a file there
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     out_dir = tmp_path / "out"
     rc, out, err = cli(["submission", "--run-dir", str(run_dir), "--org", "bertperf",
                         "--system", "cpu_tiny", "--out", str(out_dir), "--rcp-bypass",
@@ -108,6 +111,7 @@ def test_submission_passes_check_with_rcp_bypass(run_dir, tmp_path, capsys):
         [str(results / "result_2.txt"), str(results / "result_5.txt")]
     assert table["package"] == [(str(org), "FAIL")]
     assert "2 files do not comply, directory cannot be accepted" in out
+    assert list(cwd.iterdir()) == []
 
 
 def test_corrupted_log_fails_check_and_is_refused(run_dir, tmp_path, capsys):
