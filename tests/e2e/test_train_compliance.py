@@ -74,6 +74,26 @@ def test_sample_cap_aborts(tmp_path):
     assert [e["value"] for e in ev if e["key"] == "train_samples"] == [960]
 
 
+def test_the_same_log_file_twice_keeps_the_first_run(tmp_path):
+    """Two runs with one MLLOG_FILE: each writes a log of its own that passes the checker (appended
+    to the first, it would find 2 submission_division), and the first is kept beside it."""
+    log = tmp_path / "result_0.txt"
+    short = {"MAX_SAMPLES_TERMINATION": "640", "TARGET_MLM_ACCURACY": "0.99",
+             "SUBMISSION_DIVISION": "open", "MLLOG_FILE": str(log)}
+    first, _ = train(tmp_path / "first", **short)
+    assert first.returncode == 0, first.stderr[-3000:]
+    first_log = log.read_text()
+    second, _ = train(tmp_path / "second", **short)
+    assert second.returncode == 0, second.stderr[-3000:]
+    kept = tmp_path / "result_0.txt.1"
+    assert kept.read_text() == first_log
+    assert f"MLPerf log {log}: the earlier log there is kept as {kept}" in second.stderr
+    for path in (kept, log):
+        assert [e["key"] for e in events(path)].count("run_start") == 1
+        check = checker(path)
+        assert "SUCCESS" in check.stderr, check.stderr[-3000:]
+
+
 def test_missing_data_is_one_line_error(tmp_path):
     run, _ = train(tmp_path, DATADIR_PHASE2=str(tmp_path / "nowhere"))
     assert run.returncode == 1

@@ -36,16 +36,16 @@ def base_env(data: dict, out: Path, **extra: str) -> dict:
 
 
 def run(monkeypatch, env: dict) -> list[float]:
-    """loop.main in this process; the per-step losses (this rank's stats[0], float64)."""
+    """loop.main in this process; the per-step losses."""
     from bertperf import config
     from bertperf.train import loop
     losses: list[float] = []
     real = loop.train_step
 
-    def recording(t, batches):
-        stats = real(t, batches)
-        losses.append(float(stats[0]))
-        return stats
+    def recording(trainer, batches):
+        result = real(trainer, batches)
+        losses.append(result.loss)
+        return result
 
     monkeypatch.setattr(loop, "train_step", recording)
     assert loop.main(config.load(env)) == 0
@@ -61,8 +61,9 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, data):
+def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, data):
     from bertperf.train.checkpoint import file_name, latest
+    from tests.unit.test_mlperf_log import check
     full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck_a")))
     assert len(full) == N and len(set(full)) == N
     assert sorted(p.name for p in (tmp_path / "ck_a").iterdir()) == [file_name(N)]  # end only
@@ -90,6 +91,13 @@ def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, data):
         first_block = next(e for e in events if e["key"] == "block_start")
         assert first_block["metadata"]["samples_count"] == k * 8
         assert [e["value"] for e in events if e["key"] == "train_samples"] == [N * 8]
+        # the log and the console say where the run goes on, and the log still passes
+        source = ck / file_name(k)
+        assert [(e["value"], e["metadata"]["step"], e["metadata"]["samples_count"])
+                for e in events if e["key"] == "resumed"] == [(str(source), k, k * 8)]
+        assert f"resuming from {source}: step {k}, {k * 8} samples trained" in \
+            capsys.readouterr().err
+        assert "SUCCESS" in check(tmp_path / out / "log.txt").stderr
 
 
 def cli(env: dict) -> subprocess.CompletedProcess:
@@ -132,7 +140,7 @@ def test_truncated_checkpoint_is_one_line_error(tmp_path, data, saved):
     assert len(lines) == 1 and lines[0].startswith(f"bertperf: error: checkpoint {cut}: unreadable")
 
 
-def test_other_settings_and_missing_file_are_errors(tmp_path, monkeypatch, data, saved):
+def test_other_settings_and_missing_file_are_errors(tmp_path, monkeypatch, capsys, data, saved):
     from bertperf import config
     from bertperf.errors import UserError
     from bertperf.train import loop
@@ -143,7 +151,12 @@ def test_other_settings_and_missing_file_are_errors(tmp_path, monkeypatch, data,
         config.load(base_env(data, tmp_path, RESUME_FROM=str(tmp_path / "none.pt")))
     with pytest.raises(UserError, match="RESUME_FROM=auto needs CHECKPOINT_DIR"):
         config.load(base_env(data, tmp_path, RESUME_FROM="auto"))
-    # auto with an empty folder: a fresh start
+    # auto with an empty folder: a fresh start, and it says so
+    capsys.readouterr()
     losses = run(monkeypatch, base_env(data, tmp_path / "o", CHECKPOINT_DIR=str(tmp_path / "e"),
                                        RESUME_FROM="auto", MAX_SAMPLES_TERMINATION="16"))
     assert len(losses) == 2
+    assert f"RESUME_FROM=auto: no checkpoint in {tmp_path / 'e'}; starting from scratch" in \
+        capsys.readouterr().err
+    log = (tmp_path / "o" / "log.txt").read_text()
+    assert '"key": "resumed"' not in log and log.count('"key": "run_start"') == 1

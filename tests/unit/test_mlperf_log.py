@@ -1,4 +1,5 @@
-"""The MLPerf logger: its lines pass the official compliance checker (ruleset 5.0.0, closed BERT)."""
+"""The MLPerf logger: its lines pass the official compliance checker (ruleset 5.0.0, closed BERT),
+with our extra keys too; a log path used again starts a fresh log and keeps the earlier one."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ pytest.importorskip("mlperf_logging")
 from mlperf_logging.mllog import constants as C  # noqa: E402, N812
 
 from bertperf.benchmark import RULESET  # noqa: E402
-from bertperf.mlperf.log import MLPerfLogger  # noqa: E402
+from bertperf.mlperf.log import RESUMED, Blocks, MLPerfLogger  # noqa: E402
 
 
-def write_run(path, accuracy: float, status: str) -> None:
+def write_run(path, accuracy: float, status: str, resumed: bool = False) -> MLPerfLogger:
     log = MLPerfLogger(path, rank=0, echo=False)
     log.event(C.CACHE_CLEAR, True)
     log.start(C.INIT_START)
@@ -28,13 +29,20 @@ def write_run(path, accuracy: float, status: str) -> None:
         C.OPT_LR_TRAINING_STEPS: 6700, C.OPT_LR_WARMUP_STEPS: 0, C.NUM_WARMUP_STEPS: 0,
         C.START_WARMUP_STEP: 0, C.OPT_LAMB_BETA_1: 0.9, C.OPT_LAMB_BETA_2: 0.999,
         C.OPT_LAMB_WEIGHT_DECAY: 0.01, C.EVAL_SAMPLES: 10000})
+    if resumed:
+        log.resumed("ckpt/ckpt_00000100.pt", 100, 44800)
     log.end(C.INIT_STOP)
     log.start(C.RUN_START)
-    log.start(C.BLOCK_START, metadata={C.FIRST_EPOCH_NUM: 0, C.EPOCH_COUNT: 1, "samples_count": 0})
-    log.event(C.EVAL_ACCURACY, np.float32(accuracy), metadata={C.EPOCH_NUM: 150000})
-    log.end(C.BLOCK_STOP, metadata={C.FIRST_EPOCH_NUM: 0, "samples_count": 150000})
+    blocks = Blocks(log)
+    blocks.start(44800 if resumed else 0)
+    blocks.evaluate(150000, lambda: np.float32(accuracy))
     log.event(C.TRAIN_SAMPLES, 150000)
     log.end(C.RUN_STOP, metadata={C.STATUS: status})
+    return log
+
+
+def events(path) -> list[dict]:
+    return [json.loads(l.split(":::MLLOG ", 1)[1]) for l in path.read_text().splitlines()]
 
 
 def check(path) -> subprocess.CompletedProcess:
@@ -48,7 +56,7 @@ def test_log_passes_compliance_checker(tmp_path):
     write_run(path, 0.7215, C.SUCCESS)
     run = check(path)
     assert "SUCCESS" in run.stderr, run.stderr[-2000:]
-    lines = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in path.read_text().splitlines()]
+    lines = events(path)
     seed = next(l for l in lines if l["key"] == C.SEED)
     assert seed["metadata"]["file"].endswith("test_mlperf_log.py")  # the caller, for the seed check
     assert isinstance(next(l for l in lines if l["key"] == C.EVAL_ACCURACY)["value"], float)
@@ -71,3 +79,59 @@ def test_unencodable_values_raise(tmp_path):
     log = MLPerfLogger(tmp_path / "x.txt", echo=False)
     with pytest.raises(TypeError):
         log.event(C.SEED, {1, 2})
+
+
+def test_a_resumed_run_passes_the_checker(tmp_path):
+    path = tmp_path / "result_0.txt"
+    write_run(path, 0.7215, C.SUCCESS, resumed=True)
+    run = check(path)
+    assert "SUCCESS" in run.stderr, run.stderr[-2000:]
+    resumed = [e for e in events(path) if e["key"] == RESUMED]
+    assert [(e["value"], e["metadata"]["step"], e["metadata"]["samples_count"]) for e in resumed] \
+        == [("ckpt/ckpt_00000100.pt", 100, 44800)]
+    keys = [e["key"] for e in events(path)]
+    assert keys.index("init_start") < keys.index(RESUMED) < keys.index("init_stop")
+
+
+def test_blocks_open_and_close_around_evals(tmp_path):
+    path = tmp_path / "log.txt"
+    log = MLPerfLogger(path, echo=False)
+    blocks = Blocks(log)
+    blocks.start(0)
+    blocks.start(0)  # already open: nothing
+    assert blocks.evaluate(320, lambda: 0.5) == 0.5
+    blocks.stop(320)  # closed by the eval: nothing
+    blocks.start(320)
+    blocks.stop(480)
+    assert [(e["key"], e["metadata"].get("samples_count", e["metadata"].get("epoch_num")))
+            for e in events(path)] == [
+        ("block_start", 0), ("block_stop", 320), ("eval_start", 320), ("eval_accuracy", 320),
+        ("eval_stop", 320), ("block_start", 320), ("block_stop", 480)]
+
+
+def test_a_second_run_starts_a_fresh_log_and_keeps_the_first(tmp_path):
+    """The same path twice: each log holds one run and passes the checker; the earlier one is
+    kept under the next free number (.1 taken and .7 taken: .8), never overwritten."""
+    path = tmp_path / "result_0.txt"
+    assert write_run(path, 0.7215, C.SUCCESS).kept is None
+    first = path.read_text()
+    second = write_run(path, 0.7301, C.SUCCESS)
+    assert second.kept == tmp_path / "result_0.txt.1" and second.kept.read_text() == first
+    for log in (path, second.kept):
+        assert "SUCCESS" in check(log).stderr, check(log).stderr[-2000:]
+        assert [e["key"] for e in events(log)].count(C.SUBMISSION_DIVISION) == 1
+    (tmp_path / "result_0.txt.7").write_text("an older kept log\n")
+    third = write_run(path, 0.7401, C.SUCCESS)
+    assert third.kept == tmp_path / "result_0.txt.8"
+    assert (tmp_path / "result_0.txt.1").read_text() == first
+    assert (tmp_path / "result_0.txt.7").read_text() == "an older kept log\n"
+
+
+def test_an_empty_log_is_not_kept_and_other_ranks_touch_nothing(tmp_path):
+    path = tmp_path / "result_0.txt"
+    path.write_text("")
+    assert MLPerfLogger(path, echo=False).kept is None
+    assert list(tmp_path.iterdir()) == [path]
+    path.write_text("a run\n")
+    assert MLPerfLogger(path, rank=1, echo=False).kept is None
+    assert path.read_text() == "a run\n" and list(tmp_path.iterdir()) == [path]

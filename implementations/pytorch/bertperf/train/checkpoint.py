@@ -11,7 +11,7 @@ A checkpoint (`torch.save` of one dict, loadable with `weights_only=True`) holds
   step, samples, next_eval   the loop's counters (next_eval: sample count of the next eval)
   config     fingerprint(): the model's BertConfig and every setting that changes the loss curve
 
-Rank 0 writes it, to a temporary name renamed into place (prep.fileio.atomic_output), so a file
+Rank 0 writes it, to a temporary name renamed into place (formats.files.atomic_output), so a file
 named ckpt_<step>.pt is always complete. Every rank loads it; parameters and optimizer state are
 the same on all ranks under DDP and the loader position is too. Only rank 0's RNG states are
 saved: other ranks reseed from (SEED, rank, step), so with dropout and WORLD_SIZE > 1 a resumed
@@ -20,7 +20,9 @@ dropout, resumes bitwise).
 
 Resuming restores all of it after `setup` (i.e. after init's seeding), so steps k+1.. of a run
 resumed from step k compute the same losses, bitwise on CPU, as the uninterrupted run. A resumed
-run writes a new MLPerf log (its own init/run_start; block_start at the restored sample count).
+run writes a new MLPerf log (its own init/run_start; a `resumed` event during init naming the
+checkpoint, its step and samples; block_start at the restored sample count) and says on the
+console where it goes on; RESUME_FROM=auto with no checkpoint yet says that it starts from scratch.
 Errors are one-line UserErrors naming the file: unreadable or truncated file, a checkpoint of
 another model (first mismatching tensor named), or a different run configuration.
 """
@@ -31,14 +33,14 @@ import random
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from bertperf.errors import UserError
-from bertperf.model.bert_config import BertConfig
 from bertperf.formats.files import atomic_output
+from bertperf.model.bert_config import BertConfig
 
 FORMAT = "bertperf-checkpoint-1"
 NAME = re.compile(r"^ckpt_(\d+)\.pt$")
@@ -46,11 +48,13 @@ NAME = re.compile(r"^ckpt_(\d+)\.pt$")
 
 @dataclass(frozen=True)
 class Position:
-    """Where a resumed loop continues: completed optimizer steps, samples trained, next eval."""
+    """Where a resumed loop continues: completed optimizer steps, samples trained, next eval
+    (a sample count), and the checkpoint that said so."""
 
     step: int
     samples: int
     next_eval: int
+    checkpoint: Path
 
 
 def file_name(step: int) -> str:
@@ -205,25 +209,29 @@ def load(path: str | Path, trainer) -> Position:
             random.seed(f"{seed}-{trainer.dist.rank}-{step}")
             np.random.seed([seed % 2**32, trainer.dist.rank, step])
             torch.manual_seed(seed * 1_000_003 + trainer.dist.rank * 10_007 + step)
-        return Position(step, int(state["samples"]), int(state["next_eval"]))
+        return Position(step, int(state["samples"]), int(state["next_eval"]), path)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise UserError(f"checkpoint {path}: inconsistent contents "
                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
                         ) from None
 
 
-def resume(trainer) -> Position | None:
-    """The init hook: load RESUME_FROM (a file, or "auto" = latest in CHECKPOINT_DIR, None when
-    there is none) into the trainer; None for a fresh start."""
+def resume(trainer, report: Callable[[str], None]) -> Position | None:
+    """The init hook: load RESUME_FROM (a file, or "auto" = the latest in CHECKPOINT_DIR) into
+    the trainer and `report` where the run goes on; None for a fresh start (reported for "auto"
+    when CHECKPOINT_DIR holds no checkpoint yet)."""
     ck = trainer.cfg.checkpoint
     if ck.resume_from is None:
         return None
     path = latest(ck.checkpoint_dir) if ck.resume_from == "auto" else Path(ck.resume_from)
     if path is None:
+        report(f"RESUME_FROM=auto: no checkpoint in {ck.checkpoint_dir}; starting from scratch")
         return None
     start = load(path, trainer)
     cfg = trainer.cfg
     if start.step >= cfg.optim.max_steps or start.samples >= cfg.train.max_samples_termination:
         raise UserError(f"checkpoint {path}: the run already ended there (step {start.step}, "
                         f"{start.samples} samples); nothing to resume")
+    report(f"resuming from {path}: step {start.step}, {start.samples} samples trained, next "
+           f"eval at {start.next_eval} samples")
     return start

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import random
 import sys
 import time
@@ -35,14 +36,14 @@ from bertperf.config import RunConfig
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
 from bertperf.formats.samples import Samples
-from bertperf.mlperf.log import MLPerfLogger
+from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
 from bertperf.model import BertForPreTraining, UnpaddedBatch
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
                             mlperf_hparams, param_groups, resolve_warmup)
 from bertperf.train import checkpoint, preflight, warmstart
-from bertperf.train.checks import check_run
 from bertperf.train import dist as distributed
+from bertperf.train.checks import check_run
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -158,124 +159,165 @@ def micro_batches(loader: ShardLoader, device: torch.device) -> Iterator[dict]:
                    for k, v in inputs.items()}
 
 
-def train_step(t: Trainer, batches: Iterator[dict]) -> torch.Tensor:
-    """One optimizer step; returns [this rank's share of the step's loss * world size, tokens]
-    (summed over ranks and divided by world size: the step's loss; module docstring)."""
-    ga = t.cfg.train.gradient_steps
-    stats = torch.zeros(2, dtype=torch.float64, device=t.device)
-    micro = [next(batches) for _ in range(ga)]
-    counts = t.dist.sum(torch.tensor(
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step reports; the same on every rank."""
+
+    loss: float
+    """The step's loss: MLM + NSP cross-entropy over every micro-batch of every rank (module
+    docstring)."""
+    tokens: int
+    """Tokens the step trained on, all micro-batches of all ranks."""
+
+
+def pretraining_loss(out, batch: dict, mlm_divisor: float, nsp_divisor: float) -> torch.Tensor:
+    """This micro-batch's share of the step's loss: its summed cross-entropies over the step's
+    divisors (train_step)."""
+    mlm = F.cross_entropy(out.mlm_logits.float(), batch["masked_lm_ids"].long(), reduction="sum")
+    nsp = F.cross_entropy(out.nsp_logits.float(), batch["next_sentence_labels"].long(),
+                          reduction="sum")
+    return mlm / mlm_divisor + nsp / nsp_divisor
+
+
+def train_step(trainer: Trainer, batches: Iterator[dict]) -> StepResult:
+    """One optimizer step over GRADIENT_STEPS micro-batches of this rank."""
+    dist, accumulation = trainer.dist, trainer.cfg.train.gradient_steps
+    micro = [next(batches) for _ in range(accumulation)]
+    counts = dist.sum(torch.tensor(
         [[b["masked_lm_ids"].numel(), b["next_sentence_labels"].numel()] for b in micro],
-        dtype=torch.float64, device=t.device).sum(0))
+        dtype=torch.float64, device=trainer.device).sum(0))
     # DDP averages gradients over ranks: * world_size makes that average the global sum
-    mlm_div, nsp_div = (counts.clamp(min=1) / t.dist.world_size).tolist()
+    mlm_divisor, nsp_divisor = (counts.clamp(min=1) / dist.world_size).tolist()
+    totals = torch.zeros(2, dtype=torch.float64, device=trainer.device)  # this rank's loss, tokens
     for i, batch in enumerate(micro):
-        sync = i == ga - 1 or not t.dist.active
-        with (contextlib.nullcontext() if sync else t.model.no_sync()):
-            with t.autocast():
-                out = t.model(**batch)
-                loss = F.cross_entropy(out.mlm_logits.float(), batch["masked_lm_ids"].long(),
-                                       reduction="sum") / mlm_div + \
-                    F.cross_entropy(out.nsp_logits.float(), batch["next_sentence_labels"].long(),
-                                    reduction="sum") / nsp_div
-            (t.scaler.scale_loss(loss) if t.scaler else loss).backward()
-        stats[0] += loss.detach().double()
-        stats[1] += batch["input_ids"].numel()
-    outcome = clipped_step(t.optimizer, t.cfg.optim.max_grad_norm or None, t.scaler)
+        reduce_now = i == accumulation - 1 or not dist.active  # DDP reduces on the last one
+        with contextlib.nullcontext() if reduce_now else trainer.model.no_sync():
+            with trainer.autocast():
+                loss = pretraining_loss(trainer.model(**batch), batch, mlm_divisor, nsp_divisor)
+            (trainer.scaler.scale_loss(loss) if trainer.scaler else loss).backward()
+        totals[0] += loss.detach().double()
+        totals[1] += batch["input_ids"].numel()
+    outcome = clipped_step(trainer.optimizer, trainer.cfg.optim.max_grad_norm or None,
+                           trainer.scaler)
     if not outcome.skipped:
-        t.scheduler.step()
-    t.optimizer.zero_grad(set_to_none=True)
-    return stats
+        trainer.scheduler.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss, tokens = dist.sum(totals).tolist()
+    return StepResult(loss / dist.world_size, int(tokens))
 
 
-def run_loop(t: Trainer, progress: Callable[[str], None],
-             start: checkpoint.Position | None = None) -> tuple[str, int]:
-    """Train until a stopping rule fires: (MLPerf status, samples trained). `start`: where a
-    resumed run goes on (train/checkpoint.py); None for a fresh run."""
-    cfg, log = t.cfg, t.log
-    gbs = cfg.global_batch_size
-    evaluate = functools.partial(mlm_accuracy, t.core, t.eval_share, cfg.train.eval_batch_size,
-                                 t.dist, t.device, t.autocast)
-    batches = micro_batches(t.loader, t.device)
-    next_eval, samples, step = cfg.first_eval, 0, 0
-    if start is not None:  # checkpoint hook: resumed run
-        step, samples, next_eval = start.step, start.samples, start.next_eval
-    log.start(C.BLOCK_START, metadata={C.FIRST_EPOCH_NUM: 0, C.EPOCH_COUNT: 1,
-                                       "samples_count": samples})
-    t.model.train()
-    tick, tick_step, tick_tokens = time.perf_counter(), step, 0.0
+class Throughput:
+    """Sequences and tokens per second since the last progress line."""
+
+    def __init__(self, step: int) -> None:
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        self.since, self.step, self.tokens = time.perf_counter(), step, 0
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def report(self, step: int, global_batch_size: int) -> str:
+        """The rates up to `step`, which starts the next interval."""
+        seconds = time.perf_counter() - self.since
+        text = (f"seq/s {(step - self.step) * global_batch_size / seconds:.1f} "
+                f"tokens/s {self.tokens / seconds:.0f}")
+        self.restart(step)
+        return text
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How the training loop ended."""
+
+    status: str
+    """run_stop's status: success (target reached) or aborted (a cap, or a non-finite loss)."""
+    samples: int
+    """Samples trained (MLPerf's train_samples)."""
+    nonfinite: bool = False
+    """Aborted on a non-finite loss: the run fails (exit status 1)."""
+
+
+def run_loop(trainer: Trainer, progress: Callable[[str], None],
+             start: checkpoint.Position | None = None) -> Stop:
+    """Train until a stopping rule fires. `start`: where a resumed run goes on
+    (train/checkpoint.py); None for a fresh run."""
+    cfg = trainer.cfg
+    evaluate = functools.partial(mlm_accuracy, trainer.core, trainer.eval_share,
+                                 cfg.train.eval_batch_size, trainer.dist, trainer.device,
+                                 trainer.autocast)
+    batches = micro_batches(trainer.loader, trainer.device)
+    step, samples, next_eval = (start.step, start.samples, start.next_eval) if start \
+        else (0, 0, cfg.first_eval)
+    blocks = Blocks(trainer.log)
+    blocks.start(samples)
+    trainer.model.train()
+    throughput = Throughput(step)
     while True:
-        stats = t.dist.sum(train_step(t, batches))
+        result = train_step(trainer, batches)
         step += 1
-        samples += gbs
-        loss = float(stats[0]) / t.dist.world_size
-        if not np.isfinite(loss):
-            progress(f"step {step}: non-finite loss {loss}; aborting")
-            log.end(C.BLOCK_STOP, metadata={C.FIRST_EPOCH_NUM: 0, "samples_count": samples})
-            return "nonfinite", samples
-        tick_tokens += float(stats[1])
+        samples += cfg.global_batch_size
+        if not math.isfinite(result.loss):
+            progress(f"step {step}: non-finite loss {result.loss}; aborting")
+            blocks.stop(samples)
+            return Stop(C.ABORTED, samples, nonfinite=True)
+        throughput.add(result.tokens)
         if cfg.train.log_every and step % cfg.train.log_every == 0:
-            dt = time.perf_counter() - tick
-            n = step - tick_step
-            lr = t.optimizer.param_groups[0]["lr"]
-            progress(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} "
-                     f"seq/s {n * gbs / dt:.1f} tokens/s {tick_tokens / dt:.0f}")
-            log.event(TRAIN_LOSS, loss, metadata={"samples_count": samples, "step": step,
-                                                  "lr": lr})
-            tick, tick_step, tick_tokens = time.perf_counter(), step, 0.0
+            lr = trainer.optimizer.param_groups[0]["lr"]
+            progress(f"step {step} samples {samples} loss {result.loss:.4f} lr {lr:.3e} "
+                     + throughput.report(step, cfg.global_batch_size))
+            trainer.log.event(TRAIN_LOSS, result.loss,
+                              metadata={"samples_count": samples, "step": step, "lr": lr})
         evaluated = samples >= next_eval
         if evaluated:
             while next_eval <= samples:
                 next_eval += cfg.eval_interval
-            log.end(C.BLOCK_STOP, metadata={C.FIRST_EPOCH_NUM: 0, "samples_count": samples})
-            log.start(C.EVAL_START, metadata={C.EPOCH_NUM: samples})
-            accuracy = evaluate()
-            log.event(C.EVAL_ACCURACY, accuracy, metadata={C.EPOCH_NUM: samples})
-            log.end(C.EVAL_STOP, metadata={C.EPOCH_NUM: samples})
+            accuracy = blocks.evaluate(samples, evaluate)
             progress(f"eval at {samples} samples: mlm accuracy {accuracy:.4f}")
             if accuracy >= cfg.train.target_accuracy:
-                return C.SUCCESS, samples
-        checkpoint.maybe_save(t, step, samples, next_eval)  # checkpoint hook: CHECKPOINT_EVERY
+                return Stop(C.SUCCESS, samples)
+        checkpoint.maybe_save(trainer, step, samples, next_eval)  # CHECKPOINT_EVERY, and the end
         if samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps:
-            if not evaluated:
-                log.end(C.BLOCK_STOP, metadata={C.FIRST_EPOCH_NUM: 0, "samples_count": samples})
-            return C.ABORTED, samples
-        if evaluated:
-            log.start(C.BLOCK_START, metadata={C.FIRST_EPOCH_NUM: 0, C.EPOCH_COUNT: 1,
-                                               "samples_count": samples})
+            blocks.stop(samples)
+            return Stop(C.ABORTED, samples)
+        blocks.start(samples)  # after an eval
 
 
 def main(cfg: RunConfig) -> int:
     """A whole MLPerf run; 0 when it ended by a stopping rule, 1 on a non-finite loss. Any
     failure after run_start (a dead rank, SIGTERM, an exception) logs run_stop with status
     aborted before it propagates."""
+    report = rank0_printer(cfg.dist.rank)
     log = MLPerfLogger(cfg.log_path, rank=cfg.dist.rank, echo=False)
+    if log.kept is not None:
+        report(f"MLPerf log {cfg.log_path}: the earlier log there is kept as {log.kept}")
     log.event(C.CACHE_CLEAR, cfg.train.cache_clear)
     log.start(C.INIT_START)
     with distributed.failures_as_errors(cfg.dist.rank):
-        t = setup(cfg, log)
+        trainer = setup(cfg, log)
         finished = False
         try:
-            start = checkpoint.resume(t)  # checkpoint hook: RESUME_FROM (part of init)
+            start = checkpoint.resume(trainer, report)  # RESUME_FROM: part of init
+            if start is not None:
+                log.resumed(start.checkpoint, start.step, start.samples)
             log.end(C.INIT_STOP)
             log.start(C.RUN_START)
-            printer = rank0_printer(t.dist.rank)
             try:
-                status, samples = run_loop(t, printer, start)
+                stop = run_loop(trainer, report, start)
             except BaseException:
                 log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED})
                 raise
-            log.event(C.TRAIN_SAMPLES, samples)
-            log.end(C.RUN_STOP,
-                    metadata={C.STATUS: C.ABORTED if status == "nonfinite" else status})
-            printer(f"run_stop: {status} after {samples} samples")
-            if cfg.train.plot and t.dist.rank == 0:
+            log.event(C.TRAIN_SAMPLES, stop.samples)
+            log.end(C.RUN_STOP, metadata={C.STATUS: stop.status})
+            report(f"run_stop: {stop.status} after {stop.samples} samples")
+            if cfg.train.plot and trainer.dist.rank == 0:
                 png = plot_log(cfg.log_path, Path(f"{cfg.log_path}.png"),
                                cfg.train.target_accuracy)
-                printer(f"plot: {png}")
+                report(f"plot: {png}")
             finished = True
-            return 1 if status == "nonfinite" else 0
+            return 1 if stop.nonfinite else 0
         finally:
-            t.model = t.core  # DDP's reducer goes first, while the group is still registered
+            trainer.model = trainer.core  # DDP's reducer goes first, while the group is registered
             if finished:  # the closing barrier would wait for a rank that is gone
-                t.dist.close()
+                trainer.dist.close()
