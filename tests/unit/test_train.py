@@ -130,6 +130,33 @@ def test_dist_config_from_launchers(env, expected):
     assert (d.rank, d.world_size, d.local_rank, d.master_port) == (*expected, 1234)
 
 
+def test_train_help_describes_every_setting():
+    """`train --help`: each flag with its field's docstring from config.py, variable and default."""
+    import re
+    import subprocess
+    import sys
+
+    from bertperf.config import RunConfig, tunables
+    from bertperf.train.cli import default_text, field_docs
+    out = subprocess.run([sys.executable, "-m", "bertperf", "train", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    helps = {}  # flag -> its help, whitespace removed (argparse wraps lines)
+    for chunk in re.split(r"\n  (?=--)", out):
+        flag, *rest = chunk.split(None, 1)
+        helps[flag] = "".join("".join(rest).split())
+    classes = {section: type(getattr(RunConfig(), section)).__name__ for section, _ in tunables()}
+    docs = field_docs()
+    for section, f in tunables():
+        doc = docs[classes[section], f.name]
+        default = default_text(f.default)
+        env = f.metadata["env"]
+        expected = f"{doc} (env {env}" + (f"; default {default})" if default else ")")
+        assert "".join(expected.split()) in helps["--" + f.name.replace("_", "-")], f.name
+    assert "".join("Micro-batches accumulated into one optimizer step. (env GRADIENT_STEPS; "
+                   "default 1)".split()) in helps["--gradient-steps"]
+    assert "(envPLOT;default0)" in helps["--plot"] and helps["--lr"].endswith("(envLR)")
+
+
 # ---- the step ----------------------------------------------------------------------------------
 
 def trainer_for_step(ga: int, seed: int = 0):
