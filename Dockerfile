@@ -16,7 +16,7 @@ COPY implementations ./implementations
 RUN pip install --no-cache-dir ".[mpi]" \
  && python -m bertperf --help > /dev/null
 
-COPY run_and_time.sh run.sub run_with_docker.sh config_*.sh ./
+COPY run_and_time.sh drop_caches.sh run.sub run_with_docker.sh config_*.sh ./
 COPY data_prep ./data_prep
 COPY compliance ./compliance
 

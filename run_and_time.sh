@@ -2,17 +2,22 @@
 # One MLPerf BERT training run: check the variables a config_*.sh exported, drop the page cache
 # when allowed, start `python -m bertperf train` on every rank, print the timing lines.
 #
-# `run_and_time.sh --check` only validates the configuration (no run, no timing lines).
+# `run_and_time.sh --check` only validates the configuration (no run, no timing lines): run by
+# hand, the whole job the config describes (DGXNNODES x DGXNGPU ranks); under a launcher, as that
+# launcher's rank sees it.
 # Works three ways (README "Running"):
 #   - as one task per rank, started by srun (run.sub), mpirun -np N, or torchrun --no_python:
-#     the launcher's variables (SLURM_PROCID, OMPI_COMM_WORLD_RANK, RANK) say so, and this
-#     script runs one trainer process;
-#   - once, on its own: it starts the ranks itself, DGXNGPU processes on this node, with
-#     torchrun (default), with mpirun (LAUNCHER=mpirun) or with srun inside a Slurm allocation
-#     (LAUNCHER=srun).
+#     the launcher's variables say so (read as the trainer reads them, below), and this script
+#     runs one trainer process;
+#   - once, on its own: it starts the ranks itself, DGXNNODES x DGXNGPU processes, with torchrun
+#     (default; this node only), with mpirun (LAUNCHER=mpirun) or with srun inside a Slurm
+#     allocation (LAUNCHER=srun).
 # The MLPerf score is the run_start..run_stop interval of the MLPerf log (MLLOG_FILE); the RESULT
-# line is the whole process's wall-clock time, as in NVIDIA's scripts.
+# line is the whole process's wall-clock time, as in NVIDIA's scripts, printed only for a run that
+# started training.
 set -euo pipefail
+
+fail() { echo "run_and_time.sh: error: $*" >&2; exit 1; }
 
 : "${BATCHSIZE:?set BATCHSIZE (source a config_*.sh first)}"
 : "${GRADIENT_STEPS:?set GRADIENT_STEPS (source a config_*.sh first)}"
@@ -20,7 +25,7 @@ set -euo pipefail
 : "${MAX_STEPS:?set MAX_STEPS (source a config_*.sh first)}"
 : "${DATADIR_PHASE2:?set DATADIR_PHASE2, the folder of training shards}"
 : "${EVAL_FILE:?set EVAL_FILE, the eval set (eval_10k.hdf5)}"
-: "${DGXNGPU:=1}"                  # ranks per node when this script starts them
+: "${DGXNGPU:=1}"                  # ranks per node
 : "${DGXNNODES:=1}"
 : "${SEED:=${RANDOM}}"
 : "${LOGDIR:=./results}"
@@ -29,30 +34,60 @@ set -euo pipefail
 : "${LAUNCHER:=torchrun}"          # when starting the ranks: torchrun, mpirun or srun
 : "${PYTHON:=python3}"
 export SEED LOGDIR MLLOG_FILE
+for var in DGXNNODES DGXNGPU; do
+  [[ "${!var}" =~ ^[1-9][0-9]*$ ]] || fail "${var}=${!var} is not a positive whole number"
+done
+nproc=$(( DGXNNODES * DGXNGPU ))
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # the package from this checkout when it is not installed (pip install -e . / the container)
-PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/implementations/pytorch${PYTHONPATH:+:${PYTHONPATH}}"
+PYTHONPATH="${here}/implementations/pytorch${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONPATH
 
-if [[ "${1:-}" == --check ]]; then   # validate the configuration only (run.sub does this first)
-  exec "${PYTHON}" -m bertperf train --check
-fi
-
-rank="${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${RANK:-}}}"
-world="${SLURM_NTASKS:-${OMPI_COMM_WORLD_SIZE:-${WORLD_SIZE:-1}}}"
-local_rank="${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${LOCAL_RANK:-0}}}"
-if [[ -n "${rank}" && "${world}" -gt 1 ]]; then
+# This process's rank, world size and local rank, decided by the trainer's own reader
+# (bertperf.config.DistConfig.from_env: torchrun's RANK, then OpenMPI's, then a Slurm step's).
+# Asking Python keeps one definition: the script and the trainer cannot disagree on which
+# launcher's variables win (torchrun under srun, mpirun inside a Slurm job).
+dist=$("${PYTHON}" -c '
+import sys
+from bertperf.config import DistConfig, process_environment
+from bertperf.errors import UserError
+try:
+    d = DistConfig.from_env(process_environment())
+except UserError as err:
+    sys.exit(f"run_and_time.sh: error: {err}")
+print(d.rank, d.world_size, d.local_rank)') || exit 1
+read -r rank world local_rank <<< "${dist}"
+if (( world > 1 )); then
   per_rank=1                      # a launcher started this script once per rank
 else
   per_rank=0
-  rank=0
+fi
+
+# The whole job's configuration as its rank 0 will see it: DGXNNODES x DGXNGPU ranks.
+check_job() { RANK=0 WORLD_SIZE="${nproc}" LOCAL_RANK=0 "${PYTHON}" -m bertperf train --check; }
+
+if [[ "${1:-}" == --check ]]; then   # validate the configuration only (run.sub does this first)
+  if [[ "${per_rank}" == 1 ]]; then
+    exec "${PYTHON}" -m bertperf train --check
+  fi
+  check_job
+  exit 0
+fi
+if [[ "${per_rank}" == 0 && "${nproc}" -gt 1 ]]; then
+  case "${LAUNCHER}" in
+    torchrun) [[ "${DGXNNODES}" == 1 ]] || fail "LAUNCHER=torchrun starts the ranks of this" \
+                "node only; DGXNNODES=${DGXNNODES} needs LAUNCHER=srun or LAUNCHER=mpirun" ;;
+    mpirun|srun) ;;
+    *) fail "LAUNCHER=${LAUNCHER} is not torchrun, mpirun or srun" ;;
+  esac
+  check_job >/dev/null            # a bad configuration: one line, no ranks started
 fi
 
 # Page cache: dropped once per node (local rank 0) unless run.sub already did it (CACHE_CLEAR).
 if [[ -z "${CACHE_CLEAR:-}" ]]; then
   CACHE_CLEAR=0
   if [[ "${CLEAR_CACHES}" == 1 && "${local_rank}" == 0 ]]; then
-    if sync && { sysctl -q vm.drop_caches=3 || sudo -n /sbin/sysctl -q vm.drop_caches=3; } \
-        >/dev/null 2>&1; then
+    if "${here}/drop_caches.sh"; then
       CACHE_CLEAR=1
     else
       echo "run_and_time.sh: note: cannot drop the page cache here (not root, no sudo);" \
@@ -62,17 +97,17 @@ if [[ -z "${CACHE_CLEAR:-}" ]]; then
 fi
 export CACHE_CLEAR
 
-start=$(date +%s)
-start_fmt=$(date +%Y-%m-%d\ %r)
-[[ "${rank}" == 0 ]] && echo "STARTING TIMING RUN AT ${start_fmt}"
+start_ns=$(date +%s.%N)           # also tells this run's MLPerf log from an older one
+start=${start_ns%.*}
+start_fmt=$(date -d "@${start}" +%Y-%m-%d\ %r)
+if [[ "${rank}" == 0 ]]; then
+  echo "STARTING TIMING RUN AT ${start_fmt}"
+fi
 
 train=("${PYTHON}" -u -m bertperf train)
-nproc=$(( DGXNGPU * DGXNNODES ))
 status=0
 if [[ "${per_rank}" == 1 || "${nproc}" == 1 ]]; then
   "${train[@]}" || status=$?
-elif ! RANK=0 WORLD_SIZE="${nproc}" "${train[@]}" --check >/dev/null; then
-  status=1                        # a bad configuration: one line above, no ranks started
 else
   case "${LAUNCHER}" in
     torchrun)
@@ -90,15 +125,17 @@ else
       : "${MASTER_PORT:=29500}"
       export MASTER_ADDR MASTER_PORT
       srun --ntasks="${nproc}" --ntasks-per-node="${DGXNGPU}" "${train[@]}" || status=$? ;;
-    *)
-      echo "run_and_time.sh: error: LAUNCHER=${LAUNCHER} is not torchrun, mpirun or srun" >&2
-      exit 2 ;;
   esac
 fi
 
 end=$(date +%s)
 if [[ "${rank}" == 0 ]]; then
   echo "ENDING TIMING RUN AT $(date +%Y-%m-%d\ %r)"
-  echo "RESULT,bert,${SEED},$(( end - start )),${USER:-$(id -un)},${start_fmt}"
+  # RESULT only for a run that started training: its MLPerf log holds run_start and was written
+  # after this script started (not an older log of the same name). Rank 0 writes that log.
+  if [[ -n "$(find "${MLLOG_FILE}" -newermt "@${start_ns}" 2>/dev/null)" ]] \
+      && grep -q '"key": "run_start"' "${MLLOG_FILE}"; then
+    echo "RESULT,bert,${SEED},$(( end - start )),${USER:-$(id -un)},${start_fmt}"
+  fi
 fi
 exit "${status}"

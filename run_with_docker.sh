@@ -3,15 +3,15 @@
 #
 #   CONT=bertperf:latest DGXSYSTEM=DGXA100_1x8x56x1 NEXP=10 ./run_with_docker.sh
 #
-# Sources config_${DGXSYSTEM}.sh, starts one container with the data, the initial checkpoint and
-# LOGDIR mounted at fixed paths, and per run drops the page cache (when allowed) and runs
-# run_and_time.sh inside it, which starts DGXNGPU ranks with torchrun. Console output goes to
-# LOGDIR/<DATESTAMP>_<i>.log, the MLPerf log to LOGDIR/result_<DATESTAMP>_<i>.txt.
+# Sources config_${DGXSYSTEM}.sh (NEXP defaults to the config's), starts one container with the
+# data, the initial checkpoint and LOGDIR mounted at fixed paths, and per run drops the page cache
+# (drop_caches.sh, when allowed) and runs run_and_time.sh inside it, which starts DGXNGPU ranks
+# with torchrun. Console output goes to LOGDIR/<DATESTAMP>_<i>.log, the MLPerf log to
+# LOGDIR/result_<DATESTAMP>_<i>.txt.
 set -euo pipefail
 
 : "${CONT:?set CONT, the container image (docker build -t bertperf:latest .)}"
 : "${DGXSYSTEM:?set DGXSYSTEM, e.g. DGXA100_1x8x56x1 for config_DGXA100_1x8x56x1.sh}"
-: "${NEXP:=10}"
 : "${CLEAR_CACHES:=1}"
 : "${DATESTAMP:=$(date +%y%m%d%H%M%S%N)}"
 : "${LOGDIR:=$(pwd)/results}"
@@ -23,6 +23,7 @@ fail() { echo "run_with_docker.sh: error: $*" >&2; exit 1; }
 [[ -f "${CONFIG_FILE}" ]] || fail "${CONFIG_FILE}: no such config file"
 # shellcheck source=/dev/null
 source "${CONFIG_FILE}"
+: "${NEXP:?set NEXP, the number of runs (the config sets a default)}"
 : "${DGXNGPU:?the config must set DGXNGPU}"
 : "${DATADIR_PHASE2:?the config must set DATADIR_PHASE2}"
 : "${EVAL_FILE:?the config must set EVAL_FILE}"
@@ -62,8 +63,7 @@ for i in $(seq 1 "${NEXP}"); do
   echo "Beginning trial ${i} of ${NEXP}" | tee "${log}"
   cache_clear=0
   if [[ "${CLEAR_CACHES}" == 1 ]]; then
-    if sync && { sysctl -q vm.drop_caches=3 || sudo -n /sbin/sysctl -q vm.drop_caches=3; } \
-        >/dev/null 2>&1; then
+    if "$(dirname "${BASH_SOURCE[0]}")/drop_caches.sh"; then
       cache_clear=1
     else
       echo "run_with_docker.sh: note: cannot drop the page cache; cache_clear logged as false" \

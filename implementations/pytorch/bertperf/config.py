@@ -193,8 +193,10 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
-    """Where this process sits in the job: from torchrun (RANK/WORLD_SIZE/LOCAL_RANK), Slurm
-    (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID) or OpenMPI (OMPI_COMM_WORLD_*), in that order."""
+    """Where this process sits in the job: from torchrun (RANK/WORLD_SIZE/LOCAL_RANK), OpenMPI
+    (OMPI_COMM_WORLD_*) or a Slurm job step (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID with
+    SLURM_STEP_ID), in that order: the innermost launcher wins (torchrun under srun or mpirun,
+    mpirun inside a Slurm job). run_and_time.sh asks this same reader."""
 
     rank: int = 0
     """Global rank of this process."""
@@ -215,11 +217,14 @@ class DistConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> DistConfig:
-        for rank, size, local in (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
-                                  ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-                                  ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                   "OMPI_COMM_WORLD_LOCAL_RANK")):
-            if rank in environ and size in environ:
+        # (rank, size, local rank, variables that must be there too). Slurm's describe a task only
+        # inside a step (srun): a batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS.
+        for rank, size, local, *needs in (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+                                          ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                           "OMPI_COMM_WORLD_LOCAL_RANK"),
+                                          ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                           "SLURM_STEP_ID")):
+            if all(var in environ for var in (rank, size, *needs)):
                 got = {"rank": _parse(environ, rank, int), "world_size": _parse(environ, size, int),
                        "local_rank": _parse(environ, local, int) if local in environ else 0}
                 break

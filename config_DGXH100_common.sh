@@ -1,0 +1,27 @@
+# shellcheck shell=bash
+# Shared by every config_DGXH100_<nodes>x<gpus>x<batch>x<accum>.sh: the system, the data locations
+# and what does not change with scale. Only exports; run_and_time.sh checks and starts the run.
+# Paths are the host's; run.sub and run_with_docker.sh mount them into a container when CONT is set.
+
+# The system (NVIDIA DGX H100: 8 H100 80GB GPUs, 2 sockets of 56 cores, SMT on)
+export DGXNGPU=8
+export DGXSOCKETCORES=56
+export DGXNSOCKET=2
+export DGXHT=2
+export SUBMISSION_PLATFORM="${DGXNNODES:?set by the per-scale config}xNVIDIA DGX H100"
+
+# The data (data_prep/README.md): unpadded training shards, the 10,000-sample eval set and
+# MLPerf's initial checkpoint (TF1 prefix, read without TensorFlow; or a convert-ckpt .pt)
+: "${DATADIR_PHASE2:=/raid/datasets/bert/unpadded}"
+: "${EVAL_FILE:=/raid/datasets/bert/eval/eval_10k.hdf5}"
+: "${INIT_CHECKPOINT:=/raid/datasets/bert/phase1/model.ckpt-28252}"
+export DATADIR_PHASE2 EVAL_FILE INIT_CHECKPOINT
+export BERT_CONFIG=large
+
+# The recipe parts every scale shares (MLPerf's accuracy target and eval cadence are left to
+# the trainer, whose defaults they are)
+export PRECISION=bf16
+export EVAL_BATCHSIZE=128
+export EPSILON=1e-6
+export MAX_GRAD_NORM=1.0
+export LOG_FREQ=50
