@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from tests.e2e.test_train_ddp import base_env, free_port
-from tests.unit.test_train import add_manifests, make_dataset
+from tests.unit.test_train import (MAX_PRED, VOCAB, add_manifests, copy_task, make_dataset,
+                                   tiny_bert_config)
 
 TRAIN = [sys.executable, "-m", "bertperf", "train"]
 
@@ -103,6 +105,35 @@ def test_vocab_config_mismatch_is_named(data, tmp_path):
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert "vocab_size 8" in line and data["EVAL_FILE"] in line
+
+
+def test_position_table_shorter_than_the_samples(tmp_path):
+    """max_position_embeddings 64 with 128-token shards: `train --check`, a real run and the loop's
+    own setup each stop with one line naming both values and where each comes from."""
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.formats.padded import write_samples
+    from bertperf.formats.unpadded import write_shard
+    from bertperf.train import loop
+    train = tmp_path / "train"
+    train.mkdir()
+    write_shard(train / "part_0.h5", copy_task(64, seed=1), 128, MAX_PRED)
+    eval_file = tmp_path / "eval.hdf5"
+    write_samples(eval_file, copy_task(16, seed=2), np.arange(16), 128, MAX_PRED, VOCAB)
+    short = tiny_bert_config(tmp_path / "bert_config.json")
+    short.write_text(json.dumps({**json.loads(short.read_text()), "max_position_embeddings": 64}))
+    data = {"DATADIR_PHASE2": str(train), "EVAL_FILE": str(eval_file), "BERT_CONFIG": str(short)}
+    env = {**base_env(data, tmp_path, 1), "DATA_VERIFY": "none"}
+    expected = (f"BERT_CONFIG {short}: max_position_embeddings 64 is below the data's sequence "
+                f"length 128 (max_seq_length of {train / 'part_0.h5'})")
+    for argv in (TRAIN + ["--check"], TRAIN):
+        result = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert result.stderr.splitlines() == [f"bertperf: error: {expected}"], argv
+    with pytest.raises(UserError) as err:
+        loop.main(config.load(env))
+    assert str(err.value) == expected
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
