@@ -1,6 +1,7 @@
 """Data parallel training through torch.distributed (gloo on CPU): a 2-rank run equals a 1-rank
-run over the same global batch, whichever launcher started the ranks (torchrun, plain
-RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as Slurm's srun scripts set them, or OpenMPI's mpirun).
+run over the same global batch, whichever launcher started the ranks (torchrun, `bertperf launch`,
+plain RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as Slurm's srun scripts set them, or OpenMPI's
+mpirun).
 
 The training data is the copy task of tests/unit/test_train.py with 1 to 4 masked tokens per
 sample (unequal counts per rank and per micro-batch), so the test also checks the loss
@@ -131,6 +132,9 @@ def run_variant(data: dict, tmp: Path, how: str) -> dict:
         cmds = [([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                   "--master_addr", "127.0.0.1", "--master_port", port,
                   "-m", "bertperf", "train"], base_env(data, out, 2))]
+    elif how == "launch":
+        cmds = [([sys.executable, "-m", "bertperf", "launch", "--nproc-per-node", "2", "train"],
+                 base_env(data, out, 2))]
     elif how == "env":  # what an srun script sets: ranks, world size, rendezvous address
         cmds = [(train, {**base_env(data, out, 2), "RANK": str(r), "WORLD_SIZE": "2",
                          "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
@@ -162,7 +166,7 @@ def assert_same(a: dict, b: dict) -> None:
     print(f"max |param difference| {worst:.3g}; eval accuracies {a['acc']}")
 
 
-@pytest.mark.parametrize("how", ["torchrun", "env", "mpirun"])
+@pytest.mark.parametrize("how", ["torchrun", "launch", "env", "mpirun"])
 def test_two_ranks_equal_one_rank(data, single, tmp_path, how):
     if how == "mpirun" and shutil.which("mpirun") is None:
         pytest.skip("no mpirun (OpenMPI) installed")

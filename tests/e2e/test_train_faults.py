@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from tests.unit.test_train import (MAX_PRED, VOCAB, add_manifests, copy_task, ma
                                    tiny_bert_config)
 
 TRAIN = [sys.executable, "-m", "bertperf", "train"]
+LAUNCH = [sys.executable, "-m", "bertperf", "launch"]
 
 
 @pytest.fixture
@@ -171,6 +173,60 @@ def test_a_rank_that_dies_stops_the_job(data, tmp_path):
     stops = [m for k, m in keys(log) if k == "run_stop"]
     assert stops == [{"status": "aborted"}] or stops[0].get("status") == "aborted"
     assert took < 60
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the processes a launcher started, read from /proc (their RANK)."""
+    ranks = {}
+    for children in Path(f"/proc/{launcher}/task").glob("*/children"):
+        for pid in map(int, children.read_text().split()):
+            env = dict(v.split(b"=", 1) for v in
+                       Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+            if b"RANK" in env:
+                ranks[int(env[b"RANK"])] = pid
+    return ranks
+
+
+def test_launch_names_the_rank_that_died(data, tmp_path):
+    """Under `bertperf launch` (torch.distributed's launcher), rank 1 is killed (SIGKILL): the
+    survivor's own line may come first, but the last error line names rank 1 and its signal."""
+    env = {**base_env(data, tmp_path, 2), "MAX_STEPS": "100000", "EVAL_ITER_SAMPLES": "100000"}
+    launcher = subprocess.Popen([*LAUNCH, "--nproc-per-node", "2", "train"], env=env, cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    log = tmp_path / "result_0.txt"
+    try:
+        wait_for(lambda: "run_start" in [k for k, _ in keys(log)], 90, "run_start")
+        time.sleep(1.0)
+        ranks = rank_pids(launcher.pid)
+        os.kill(ranks[1], signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 1, output[-3000:]
+    errors = [l for l in output.splitlines() if l.startswith("bertperf: error:")]
+    assert errors[-1] == f"bertperf: error: rank 1 (local rank 1, pid {ranks[1]}) died: SIGKILL", \
+        output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert [m.get("status") for k, m in keys(log) if k == "run_stop"] == ["aborted"]
+
+
+def test_launch_quotes_the_rank_that_failed_first(data, tmp_path):
+    """A shard only rank 1 hashes is corrupt: rank 0 fails after it ("on another rank"), and the
+    last line quotes rank 1's own error."""
+    shard = Path(data["DATADIR_PHASE2"]) / "part_1.h5"
+    raw = bytearray(shard.read_bytes())
+    raw[-100] ^= 0xFF
+    shard.write_bytes(raw)
+    result = subprocess.run([*LAUNCH, "--nproc-per-node", "2", "train"],
+                            env=base_env(data, tmp_path, 2), cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1
+    last = [l for l in result.stderr.splitlines() if l.startswith("bertperf: error:")][-1]
+    assert re.fullmatch(rf"bertperf: error: rank 1 \(local rank 1, pid \d+\) exited with status "
+                        rf"1: rank 1: {re.escape(str(shard))}: md5 .*", last), last
 
 
 def test_sigterm_logs_an_aborted_run(data, tmp_path):

@@ -12,6 +12,9 @@ COMMANDS = {
     "prep": ("bertperf.prep.cli",
              "data preparation stages (Wikipedia text to training shards)"),
     "train": ("bertperf.train.cli", "MLPerf BERT pretraining run"),
+    "launch": ("bertperf.train.launch",
+               "start this node's ranks of `train` (torch.distributed's launcher); one line "
+               "naming the rank that failed first"),
     "convert-ckpt": ("bertperf.model.convert_cli",
                      "TF1 BERT checkpoint -> PyTorch .pt (no TensorFlow)"),
     "plot": ("bertperf.mlperf.plot", "PNG of loss and accuracy curves from an MLPerf log"),

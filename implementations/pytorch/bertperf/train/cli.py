@@ -62,13 +62,15 @@ def run(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if "." in k}
     cfg = load(process_environment(), flags)
     from bertperf.train.checks import check_run
-    check_run(cfg)
-    if args.check:
-        print(f"train --check: OK: global batch {cfg.global_batch_size} "
-              f"({cfg.dist.world_size} ranks x {cfg.train.batch_size} x "
-              f"{cfg.train.gradient_steps}), LR {cfg.optim.lr}, MAX_STEPS {cfg.optim.max_steps}, "
-              f"first eval at {cfg.first_eval} samples then every {cfg.eval_interval}, "
-              f"data {cfg.data.train_dir}, eval {cfg.data.eval_file}")
-        return 0
-    from bertperf.train.loop import main
-    return main(cfg)
+    from bertperf.train.launch import reported_to_launcher
+    with reported_to_launcher():
+        check_run(cfg)
+        if args.check:
+            print(f"train --check: OK: global batch {cfg.global_batch_size} "
+                  f"({cfg.dist.world_size} ranks x {cfg.train.batch_size} x "
+                  f"{cfg.train.gradient_steps}), LR {cfg.optim.lr}, MAX_STEPS "
+                  f"{cfg.optim.max_steps}, first eval at {cfg.first_eval} samples then every "
+                  f"{cfg.eval_interval}, data {cfg.data.train_dir}, eval {cfg.data.eval_file}")
+            return 0
+        from bertperf.train.loop import main
+        return main(cfg)

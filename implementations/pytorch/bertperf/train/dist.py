@@ -68,6 +68,11 @@ def init(cfg: DistConfig, device: torch.device) -> Dist:
     return Dist(cfg.rank, cfg.world_size)
 
 
+class FollowOnError(UserError):
+    """A rank's failure that follows another's: a collective broken by a peer that died, or the
+    launcher stopping the job. `launch` names the rank whose failure was not one of these."""
+
+
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
@@ -75,12 +80,13 @@ def _first_line(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def failures_as_errors(rank: int) -> Iterator[None]:
-    """Turn the ways a job dies around this rank into one-line UserErrors naming the rank:
+    """Turn the ways a job dies around this rank into one-line FollowOnErrors naming the rank:
     SIGTERM (torchrun, mpirun or Slurm stopping the job, e.g. after another rank failed or at the
     time limit) and a failed collective (a peer that died; gloo notices at once, NCCL and a
     silent peer after DIST_TIMEOUT)."""
     def on_sigterm(signum, frame):
-        raise UserError(f"rank {rank}: stopped by SIGTERM (the launcher or Slurm ended the job)")
+        raise FollowOnError(f"rank {rank}: stopped by SIGTERM (the launcher or Slurm ended the "
+                            "job)")
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
@@ -88,8 +94,8 @@ def failures_as_errors(rank: int) -> Iterator[None]:
     except RuntimeError as exc:  # DistBackendError and the other torch.distributed errors
         if isinstance(exc, tdist.DistError) or any(
                 word in str(exc) for word in ("gloo", "Gloo", "NCCL", "Connection closed")):
-            raise UserError(f"rank {rank}: a collective failed ({_first_line(exc)}); "
-                            "did another rank die?") from None
+            raise FollowOnError(f"rank {rank}: a collective failed ({_first_line(exc)}); "
+                                "did another rank die?") from None
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -21,7 +21,7 @@ import torch
 from bertperf.errors import UserError
 from bertperf.formats import manifest
 from bertperf.formats.samples import Samples
-from bertperf.train.dist import Dist
+from bertperf.train.dist import Dist, FollowOnError
 
 
 def manifest_problems(files: Sequence[Path], mode: str, rank: int, world_size: int,
@@ -82,7 +82,7 @@ def run_checks(dist: Dist, device: torch.device, checks: Callable[[], list[str]]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UserError(f"rank {dist.rank}: {problems[0]}{more}")
     if bad:
-        raise UserError(f"rank {dist.rank}: data check failed on another rank (see its error)")
+        raise FollowOnError(f"rank {dist.rank}: data check failed on another rank (see its error)")
 
 
 def verify_inputs(dist: Dist, device: torch.device, files: Sequence[Path], unpadded: bool,

@@ -1,0 +1,72 @@
+"""`python -m bertperf launch`: which rank's failure its last line names, and what the ranks tell
+it through their error files (torch's ProcessFailure and ErrorHandler, no processes started)."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bertperf.errors import UserError
+from bertperf.train.dist import FollowOnError
+from bertperf.train.launch import failure_line, reported_to_launcher
+
+ERROR_FILES = itertools.count()
+
+
+def failure(tmp_path, monkeypatch, local_rank: int, exitcode: int,
+            error: Exception | None = None):
+    """torch's record of a rank that ended with `exitcode`, after raising `error` (written to
+    its error file as the launcher's ranks do) or without a word (killed, or no error file)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+    error_file = tmp_path / f"error_{next(ERROR_FILES)}.json"
+    if error is not None:
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+        with pytest.raises(type(error)), reported_to_launcher():
+            raise error
+        monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
+    return ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode,
+                          error_file=str(error_file))
+
+
+def test_a_killed_rank_is_named_with_its_signal(tmp_path, monkeypatch):
+    """Rank 0 saw the broken collective, then got the launcher's SIGTERM: rank 1's SIGKILL is
+    the cause, whatever order the launcher noticed them in."""
+    survivor = failure(tmp_path, monkeypatch, 0, 1,
+                       FollowOnError("rank 0: a collective failed (Connection closed by peer); "
+                                     "did another rank die?"))
+    killed = failure(tmp_path, monkeypatch, 1, -signal.SIGKILL)
+    assert failure_line({0: survivor, 1: killed}) == \
+        "rank 1 (local rank 1, pid 1001) died: SIGKILL"
+    stopped = failure(tmp_path, monkeypatch, 0, -signal.SIGTERM)
+    assert failure_line({0: stopped, 1: killed}) == \
+        "rank 1 (local rank 1, pid 1001) died: SIGKILL"
+
+
+def test_a_rank_error_is_quoted(tmp_path, monkeypatch):
+    own = failure(tmp_path, monkeypatch, 1, 1, UserError("rank 1: part_1.h5: md5 mismatch"))
+    follow = failure(tmp_path, monkeypatch, 0, 1, FollowOnError("rank 0: stopped by SIGTERM"))
+    assert failure_line({0: follow, 1: own}) == \
+        "rank 1 (local rank 1, pid 1001) exited with status 1: rank 1: part_1.h5: md5 mismatch"
+    silent = failure(tmp_path, monkeypatch, 0, 2)
+    assert failure_line({0: silent}) == "rank 0 (local rank 0, pid 1000) exited with status 2"
+
+
+def test_outside_a_launcher_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError), reported_to_launcher():
+        raise UserError("x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_launch_help_starts_without_torch():
+    code = ("import sys\nfrom bertperf.__main__ import build_parser\n"
+            "argv = ['launch', '--help']\n"
+            "try:\n    build_parser(argv).parse_args(argv)\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
