@@ -10,8 +10,9 @@ import pytest
 
 from bertperf.__main__ import main
 from bertperf.formats import padded as hdf5io
+from bertperf.formats.nvidia import write_packed as write_nvidia_packed
 from bertperf.formats.nvidia import write_varlen as write_nvidia
-from bertperf.formats.packed import Packed, write_packed
+from bertperf.formats.packed import Packed, read_packed, write_packed
 from bertperf.formats.samples import Samples, offsets_from_lengths
 from bertperf.formats.unpadded import write_shard
 from bertperf.prep.shards.stats import hist_median
@@ -53,6 +54,11 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     out["packed"] = root / "packed"
     assert main(["prep", "pack", "--input", str(out["unpadded"]), "--output", str(out["packed"]),
                  "--workers", "1"]) == 0
+    # the same rows in NVIDIA's packed layout (files named part_XXXXX, no suffix)
+    out["nvidia-packed"] = root / "nvidia-packed"
+    out["nvidia-packed"].mkdir()
+    for k, p in enumerate(sorted(out["packed"].glob("*.hdf5"))):
+        write_nvidia_packed(out["nvidia-packed"] / f"part_{k:05d}", read_packed(p)[0])
     return out
 
 
@@ -63,7 +69,7 @@ def stats(tmp_path: Path, folder: Path, *flags: str) -> dict:
     return json.loads(js.read_text())
 
 
-@pytest.mark.parametrize("layout", ["padded", "unpadded", "nvidia", "packed"])
+@pytest.mark.parametrize("layout", ["padded", "unpadded", "nvidia", "packed", "nvidia-packed"])
 def test_exact_numbers(tmp_path, folders, layout, capsys):
     st = stats(tmp_path, folders[layout])
     for key, value in EXPECTED.items():
@@ -74,7 +80,7 @@ def test_exact_numbers(tmp_path, folders, layout, capsys):
     pk = st["packing"]
     # <= 3 per row: (512) and (30, 20, 10): 2 rows, 572 / 1024 tokens
     assert (pk["rows"], pk["seqs_per_row"], pk["efficiency"]) == (2, 2.0, 572 / 1024)
-    if layout == "packed":
+    if layout.endswith("packed"):
         assert pk["source"] == "as packed" and pk["rows_by_sequences"] == {"1": 1, "2": 0, "3": 1}
     out = capsys.readouterr().out
     for text in ("samples                  4", "mean length              143.00",

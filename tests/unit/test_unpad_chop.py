@@ -182,7 +182,7 @@ def test_unpad_bad_input(padded, nvidia_unpadded, tmp_path, capsys, case):
     src_dir = tmp_path / "in"
     shutil.copytree(padded, src_dir)
     victim = src_dir / "part-00001-of-00003.hdf5"
-    needle = victim.name
+    needle, flags = victim.name, []
     if case == "md5":
         _flip_byte(victim)
         needle = "md5"
@@ -203,11 +203,12 @@ def test_unpad_bad_input(padded, nvidia_unpadded, tmp_path, capsys, case):
         victim.unlink()
         (src_dir / "MANIFEST.json").unlink()
         needle = "no such"
-    elif case == "nvidia_as_padded":
+    elif case == "nvidia_as_padded":  # detected by default; a forced layout must fit
         victim = nvidia_unpadded / victim.name
-        needle = "--input_format nvidia"
+        needle, flags = "an NVIDIA variable-length file, not a padded sample file", \
+            ["--input_format", "padded"]
     out = tmp_path / "out"
-    assert cli("unpad", "--input", victim, "--output", out, "--workers", "1") == 1
+    assert cli("unpad", "--input", victim, "--output", out, "--workers", "1", *flags) == 1
     line = error_line(capsys)
     assert str(victim) in line and needle in line, line
     assert only_manifest_left(out)

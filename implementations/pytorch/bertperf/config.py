@@ -86,7 +86,8 @@ class DataConfig:
     train_dir: Path | None = _var("DATADIR_PHASE2", Path)
     """Folder of unpadded training shards (`prep unpad` output)."""
     eval_file: Path | None = _var("EVAL_FILE", Path)
-    """The padded eval HDF5 file (`eval_10k.hdf5`); every sample of it is evaluated."""
+    """The eval HDF5 file: padded (`prep eval`'s `eval_10k.hdf5`) or NVIDIA's variable-length
+    one (`eval_varlength/part_eval_10k.hdf5`); every sample of it is evaluated."""
     prefetch: int = _var("PREFETCH", int, 2)
     """Training batches built ahead on the loader's thread (0 = none)."""
     verify: str = _var("DATA_VERIFY", str, "md5")

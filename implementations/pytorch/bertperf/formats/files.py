@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from bertperf.errors import UserError
 
@@ -34,6 +34,24 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def missing_folders(folders: Iterable[str | os.PathLike]) -> list[Path]:
+    """The folders among `folders` and their parents that do not exist (yet), deepest first."""
+    missing: set[Path] = set()
+    for folder in folders:
+        path = Path(folder).absolute()
+        while not path.exists() and path != path.parent:
+            missing.add(path)
+            path = path.parent
+    return sorted(missing, key=lambda p: len(p.parts), reverse=True)
+
+
+def remove_empty(folders: Iterable[Path]) -> None:
+    """Remove those of `folders` (give them deepest first) that are empty; keep the others."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty, or already gone
+            folder.rmdir()
 
 
 def remove_stale_temporaries(folder: str | os.PathLike) -> None:

@@ -3,21 +3,25 @@
 A folder's `MANIFEST.json` is the merged record. Workers (other processes, other MPI ranks) append
 one JSON line per finished file to a private fragment `.manifest-<host>-<pid>.jsonl`, fsynced right
 after the file's atomic rename, so an interrupted stage keeps its finished files: the next run finds
-them, verifies them and skips them. `finalize` folds the fragments into `MANIFEST.json`.
+them, verifies them and skips them. `finalize` folds the fragments into `MANIFEST.json`; a stage
+that fails (`stage_outputs`) does the same before it exits, so it leaves no fragment behind.
+The record also tells a stage which files it wrote itself (`written_by`, `own_outputs`): a rerun
+replaces or removes only those (`forget`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from bertperf.errors import UserError
-from bertperf.formats.files import atomic_output, md5_file
+from bertperf.formats.files import atomic_output, md5_file, missing_folders, remove_empty
 
 MANIFEST_NAME = "MANIFEST.json"
 FORMAT = "bertperf-manifest/1"
@@ -85,10 +89,8 @@ def record(folder: str | os.PathLike, name: str, entry: Entry) -> None:
         os.fsync(f.fileno())
 
 
-def finalize(folder: str | os.PathLike) -> Path:
-    """Merge fragments into MANIFEST.json (atomically) and delete them. Only one process calls this."""
-    folder = Path(folder)
-    entries = load(folder)
+def _write(folder: Path, entries: dict[str, Entry]) -> Path:
+    """MANIFEST.json of `entries` (atomically), the folder's fragments deleted."""
     doc = {"format": FORMAT, "files": {k: asdict(entries[k]) for k in sorted(entries)}}
     path = folder / MANIFEST_NAME
     with atomic_output(path) as tmp:
@@ -96,6 +98,68 @@ def finalize(folder: str | os.PathLike) -> Path:
     for frag in _fragments(folder):
         frag.unlink(missing_ok=True)
     return path
+
+
+def finalize(folder: str | os.PathLike) -> Path:
+    """Merge fragments into MANIFEST.json (atomically) and delete them. Only one process calls this."""
+    folder = Path(folder)
+    return _write(folder, load(folder))
+
+
+def merge_fragments(folder: str | os.PathLike) -> None:
+    """finalize(folder) when a run left fragments there; nothing otherwise."""
+    if _fragments(Path(folder)):
+        finalize(folder)
+
+
+def written_by(folder: str | os.PathLike, stage: str) -> set[str]:
+    """The files of `folder` that its record says `stage` wrote."""
+    return {name for name, e in load(folder).items() if e.stage == stage}
+
+
+def own_outputs(folder: str | os.PathLike, stage: str, names: Sequence[str]) -> set[str]:
+    """The files `stage` wrote into `folder` earlier (its rerun may replace or forget them); a
+    UserError when one of `names` exists there but was not written by `stage`."""
+    folder = Path(folder)
+    earlier = written_by(folder, stage)
+    clash = [name for name in names if (folder / name).exists() and name not in earlier]
+    if clash:
+        raise UserError(f"{folder / clash[0]}: exists and was not written by prep {stage}; "
+                        "choose another --output")
+    return earlier
+
+
+def forget(folder: str | os.PathLike, names: set[str]) -> None:
+    """Delete the files `names` of `folder` (earlier outputs a stage replaces) and their entries."""
+    if not names:
+        return
+    folder = Path(folder)
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
+    _write(folder, {k: v for k, v in load(folder).items() if k not in names})
+
+
+@contextlib.contextmanager
+def stage_outputs(folders: Sequence[str | os.PathLike],
+                  coordinator: bool = True) -> Iterator[None]:
+    """Around a stage's work on its output folders, however it ends (a failed file, an interrupt):
+    the files it finished stay recorded (fragments merged into MANIFEST.json, so a rerun skips
+    them) and the folders it created that hold nothing are removed again. Only the coordinator
+    (rank 0) tidies up; the others just run the work."""
+    created = missing_folders(folders)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        if coordinator:
+            try:
+                for folder in folders:
+                    merge_fragments(folder)
+            except (UserError, OSError):
+                if done:  # else the stage's own error is the one to report
+                    raise
+            remove_empty(created)
 
 
 def is_done(folder: str | os.PathLike, name: str, key: str, entries: dict[str, Entry]) -> bool:

@@ -16,24 +16,12 @@ import h5py
 import numpy as np
 
 from bertperf.errors import UserError
-from bertperf.formats import detect
 from bertperf.formats.samples import PADDED_FIELDS as DATASETS
 from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import check as check_unpadded
 
 _CHUNK = 8192
 CHECK_ROWS = 8192  # padded rows checked at a time (~30 MB at 512 tokens)
-_HINTS = {"unpadded": " (already unpadded)", "packed": " (a packed shard)",
-          "nvidia": " (an NVIDIA variable-length file: use --input_format nvidia)",
-          "nvidia-packed": " (an NVIDIA packed file: use --input_format nvidia-packed)"}
-
-
-def _hint(path: Path) -> str:
-    """What a file that is not padded is instead (for the error message)."""
-    try:
-        return _HINTS.get(detect.kind(path), "")
-    except UserError:
-        return ""
 
 
 def dtypes(vocab_size: int, max_seq_length: int) -> dict[str, np.dtype]:
@@ -94,16 +82,6 @@ def check_samples(path: Path, a: dict[str, np.ndarray]) -> None:
         raise UserError(f"{path}: datasets have inconsistent row lengths")
 
 
-def count_samples(path: str | os.PathLike) -> int:
-    """Samples in a padded file, an NVIDIA varlen file or an unpadded/packed shard (sequences)."""
-    try:
-        with h5py.File(path, "r") as f:
-            key = "next_sentence_labels" if "next_sentence_labels" in f else "nsp"
-            return int(f[key].shape[0])
-    except (OSError, KeyError) as exc:
-        raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None
-
-
 def read_checked(path: str | os.PathLike, chunk: int = CHECK_ROWS) -> tuple[Samples, int, int]:
     """A padded file as Samples (compact dtypes), max_seq_length and max_predictions_per_seq.
 
@@ -120,7 +98,7 @@ def read_checked(path: str | os.PathLike, chunk: int = CHECK_ROWS) -> tuple[Samp
             missing = [k for k in DATASETS if k not in f]
             if missing:
                 raise UserError(f"{path}: not a padded sample file, missing "
-                                f"{', '.join(missing)}{_hint(path)}")
+                                f"{', '.join(missing)}")
             d = {k: f[k] for k in DATASETS}
             n = d["next_sentence_labels"].shape[0] if d["next_sentence_labels"].ndim == 1 else -1
             if n < 0 or any(d[k].ndim != 2 or d[k].shape[0] != n for k in DATASETS[:5]):

@@ -74,8 +74,9 @@ def read_shard(path: str | os.PathLike) -> tuple[Samples, dict]:
     return samples, meta
 
 
-def check(path: Path, s: Samples, max_seq_length: int, max_pred: int) -> None:
-    """Structural checks: offsets consistent with the arrays, lengths within the limits."""
+def check(path: Path, s: Samples, max_seq_length: int | None, max_pred: int | None) -> None:
+    """Structural checks: offsets consistent with the arrays, lengths within the limits (a limit
+    of None: no limit), segment B inside its sample, masked positions inside theirs."""
     n = len(s.nsp)
     for name, offsets, data in (("offsets", s.offsets, s.input_ids),
                                 ("mlm_offsets", s.mlm_offsets, s.mlm_positions)):
@@ -91,7 +92,7 @@ def check(path: Path, s: Samples, max_seq_length: int, max_pred: int) -> None:
         raise UserError(f"{path}: datasets disagree on their sizes")
     lengths, counts = s.lengths, s.mlm_counts
     for what, values, limit in (("tokens", lengths, max_seq_length), ("masks", counts, max_pred)):
-        if n and values.max() > limit:
+        if n and limit is not None and values.max() > limit:
             i = int(np.argmax(values > limit))
             raise UserError(f"{path}: sample {i} has {int(values[i])} {what}, more than {limit}")
     if n and np.any((s.b_starts < 2) | (s.b_starts > lengths)):

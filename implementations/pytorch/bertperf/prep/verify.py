@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from bertperf.errors import UserError
-from bertperf.formats import manifest
+from bertperf.formats import detect, manifest
 from bertperf.formats.files import md5_file
 
 
@@ -35,11 +35,9 @@ def check_folder(folder: Path) -> list[str]:
     for name, entry in sorted(entries.items()):
         path = folder / name
         why = manifest.check_file(path, entry)
-        if why is None and name.endswith((".hdf5", ".h5")) and entry.samples is not None:
-            from bertperf.formats.padded import count_samples
-
+        if why is None and path.suffix in detect.SUFFIXES and entry.samples is not None:
             try:
-                if (n := count_samples(path)) != entry.samples:
+                if (n := detect.header(path).count) != entry.samples:
                     why = f"{n} samples, manifest says {entry.samples}"
             except UserError as exc:
                 why = str(exc)

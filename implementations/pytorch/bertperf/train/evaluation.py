@@ -9,16 +9,20 @@ import numpy as np
 import torch
 
 from bertperf.data.collate import collate_varlen
-from bertperf.formats.padded import read_samples
+from bertperf.formats import detect
+from bertperf.formats.reading import read_samples
 from bertperf.formats.samples import Samples
 from bertperf.model import UnpaddedBatch
 from bertperf.train.dist import Dist
 
+EVAL_KINDS = (detect.PADDED, detect.NVIDIA)
+"""Eval files: padded (`prep eval`) or NVIDIA's variable-length one (eval_varlength/)."""
+
 
 def load_eval_share(path: Path, rank: int, world_size: int) -> tuple[Samples, int]:
-    """Rank `rank`'s samples of the padded eval file (rows rank, rank + W, ...) and the file's
-    total number of samples."""
-    samples = Samples.from_padded(read_samples(path))
+    """Rank `rank`'s samples of the eval file (rows rank, rank + W, ...) and the file's total
+    number of samples."""
+    samples, _, _ = read_samples(path, EVAL_KINDS)
     return samples.take(np.arange(rank, len(samples), world_size)), len(samples)
 
 

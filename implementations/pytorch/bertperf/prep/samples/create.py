@@ -247,14 +247,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"bertperf: warning: {warning}", file=sys.stderr)
     tasks = plan(args, params)
     out_dirs = sorted({str(Path(o).parent) for t in tasks for o in t.outputs})
+    with manifest.stage_outputs(out_dirs, world.rank == 0):
+        if world.rank == 0:
+            for d in out_dirs:
+                remove_stale_temporaries(d)
+        world.barrier()
+        results = run_tasks(run_task, tasks, workers=args.workers, desc="create", world=world)
+        if world.rank == 0:
+            for d in out_dirs:
+                manifest.finalize(d)
     if world.rank == 0:
-        for d in out_dirs:
-            remove_stale_temporaries(d)
-    world.barrier()
-    results = run_tasks(run_task, tasks, workers=args.workers, desc="create", world=world)
-    if world.rank == 0:
-        for d in out_dirs:
-            manifest.finalize(d)
         made = [n for status, n in results if status == "made"]
         skipped = len(results) - len(made)
         note = f", {skipped} already made and verified (skipped)" if skipped else ""

@@ -57,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{src}: holds {n} samples, fewer than --num_examples_to_pick="
                         f"{args.num_examples_to_pick} (the eval set would repeat samples)")
     rows = pick_indices(n, args.num_examples_to_pick)
-    with atomic_output(dst) as tmp:
-        padded.write_arrays(tmp, {k: v[rows] for k, v in arrays.items()})
-    manifest.record(dst.parent, dst.name, manifest.entry_for(dst, STAGE, key, samples=len(rows)))
-    manifest.finalize(dst.parent)
+    with manifest.stage_outputs([dst.parent]):
+        with atomic_output(dst) as tmp:
+            padded.write_arrays(tmp, {k: v[rows] for k, v in arrays.items()})
+        manifest.record(dst.parent, dst.name,
+                        manifest.entry_for(dst, STAGE, key, samples=len(rows)))
+        manifest.finalize(dst.parent)
     print(f"eval: picked {len(rows)} of {n} samples into {dst}", file=sys.stderr)
     return 0

@@ -3,8 +3,9 @@
   python -m bertperf prep chop --input unpadded/ --output shards_4320/ --num_shards 4320 \\
       [--seed 24] [--format bertperf|nvidia] [--workers N] [--memory_gb 4] [--tmp_dir DIR]
 
-Input: every shard file of a folder (*.h5, *.hdf5, *.hdf), in name order: our unpadded layout
-(`prep unpad`) or NVIDIA's variable-length one, detected per file (or --input_format). Each file is
+Input: every sample file of a folder (*.h5, *.hdf5, *.hdf, HDF5 without a suffix), in name order:
+our unpadded layout (`prep unpad`), NVIDIA's variable-length one, or NVIDIA's packed files (each
+row's sequences are samples, in row order), detected per file (or --input_format). Each file is
 checked against the folder's MANIFEST.json (size, md5) when there is one, and fully checked when
 read (truncation, offsets past the token array, lengths over the limits).
 
@@ -48,6 +49,7 @@ import numpy as np
 from bertperf.errors import UserError
 from bertperf.formats import detect, manifest, nvidia, unpadded
 from bertperf.formats.files import atomic_output, remove_stale_temporaries
+from bertperf.formats.reading import read_samples
 from bertperf.formats.samples import Samples, offsets_from_lengths
 from bertperf.prep.parallel import World, default_workers, run_tasks
 
@@ -87,16 +89,17 @@ def shard_name(k: int, n_shards: int, fmt: str) -> str:
 class InputInfo:
     path: str
     md5: str
-    fmt: str
-    samples: int
-    tokens: int  # exact for our shards, an upper bound for NVIDIA files
+    kind: str  # formats.detect's
+    samples: int  # the sequences of packed rows
+    tokens: int  # exact for our shards and NVIDIA's packed files, an upper bound for varlen ones
     masks: int
     max_seq_length: int
     max_pred: int
     wide_ids: bool  # input ids or masked ids need int32
 
 
-_INPUT_KINDS = {detect.UNPADDED: "bertperf", detect.NVIDIA: "nvidia"}
+_INPUT_KINDS = {detect.UNPADDED: "bertperf", detect.NVIDIA: "nvidia",
+                detect.NVIDIA_PACKED: "nvidia-packed"}
 
 
 def inspect(task: tuple[str, str, int, int]) -> InputInfo:
@@ -104,15 +107,15 @@ def inspect(task: tuple[str, str, int, int]) -> InputInfo:
     path = Path(path_s)
     md5 = manifest.verified_md5(path)
     kind = detect.kind(path)
+    fmt = _INPUT_KINDS.get(kind)
+    if fmt is None:
+        raise UserError(f"{path}: a {kind} sample file; chop reads {unpadded.FORMAT} shards or "
+                        "NVIDIA's variable-length or packed files"
+                        + (" (unpad it first: prep unpad)" if kind == detect.PADDED else ""))
+    if want not in ("auto", fmt):
+        raise UserError(f"{path}: a {fmt} file, but --input_format={want}")
     try:
         with h5py.File(path, "r") as f:
-            fmt = _INPUT_KINDS.get(kind)
-            if fmt is None:
-                raise UserError(f"{path}: a {kind} sample file; chop reads {unpadded.FORMAT} "
-                                "shards or NVIDIA variable-length files"
-                                + (" (unpad it first: prep unpad)" if kind == detect.PADDED else ""))
-            if want not in ("auto", fmt):
-                raise UserError(f"{path}: a {fmt} file, but --input_format={want}")
             if fmt == "bertperf":
                 missing = [k for k in unpadded.FIELDS if k not in f]
                 if missing:
@@ -122,18 +125,22 @@ def inspect(task: tuple[str, str, int, int]) -> InputInfo:
                 preds = int(f.attrs["max_predictions_per_seq"])
                 wide = f["input_ids"].dtype.itemsize > 2 or f["mlm_ids"].dtype.itemsize > 2
             else:
-                n = int(f["next_sentence_labels"].shape[0])
-                t = path.stat().st_size // 3  # at least 2 bytes of id + 1 of segment per token
-                m = min(n * preds, t // 5 + n)
                 base = [h5py.check_vlen_dtype(f[k].dtype) for k in ("input_ids", "masked_lm_ids")]
                 if any(b is None for b in base):
                     raise UserError(f"{path}: NVIDIA layout expected variable-length datasets")
                 wide = any(b.itemsize > 2 for b in base)
+                if fmt == "nvidia":
+                    n = int(f["next_sentence_labels"].shape[0])
+                    t = path.stat().st_size // 3  # at least 2 bytes of id + 1 of segment a token
+                    m = min(n * preds, t // 5 + n)
+                else:  # the rows' sequences: their lengths and mask counts, exactly
+                    lengths, counts, _ = nvidia.packed_sequences(path)
+                    n, t, m = len(lengths), int(lengths.sum()), int(counts.sum())
     except UserError:
         raise
     except (OSError, KeyError, ValueError, TypeError) as exc:
         raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None
-    return InputInfo(str(path), md5, fmt, n, t, m, length, preds, wide)
+    return InputInfo(str(path), md5, kind, n, t, m, length, preds, wide)
 
 
 def _check_done(task: tuple[str, list[str], str]) -> list[bool]:
@@ -233,10 +240,7 @@ def scatter(task: ScatterTask) -> np.ndarray:
     """Read one input file (fully checked) and append its samples to their groups' spill files."""
     info = task.info
     path = Path(info.path)
-    if info.fmt == "bertperf":
-        samples, _ = unpadded.read_shard(path)
-    else:
-        samples = nvidia.read_varlen(path, info.max_seq_length, info.max_pred)
+    samples, _, _ = read_samples(path, (info.kind,), info.max_seq_length, info.max_pred)
     n = len(samples)
     if n != info.samples:
         raise UserError(f"{path}: {n} samples now, {info.samples} when checked (changed?)")
@@ -353,14 +357,15 @@ def gather(task: GatherTask) -> int:
 # ---- command line -------------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="folder of unpadded shard files")
+    p.add_argument("--input", required=True,
+                   help="folder of unpadded shards (or NVIDIA's variable-length or packed files)")
     p.add_argument("--output", required=True, help="output folder for the S shards")
     p.add_argument("--num_shards", type=int, required=True,
                    help="number of output shards (MLPerf: 4320, or 2048 below 256 nodes)")
     p.add_argument("--seed", type=int, default=24, help="shuffle seed (default 24, NVIDIA's)")
     p.add_argument("--format", choices=("bertperf", "nvidia"), default="bertperf",
                    help="output layout: ours (.h5, default) or NVIDIA's variable-length (.hdf5)")
-    p.add_argument("--input_format", choices=("auto", "bertperf", "nvidia"), default="auto",
+    p.add_argument("--input_format", choices=("auto", *_INPUT_KINDS.values()), default="auto",
                    help="input layout (default: detected per file)")
     p.add_argument("--max_seq_length", type=int, default=512,
                    help="limit for NVIDIA-layout input (our shards record theirs)")
@@ -440,30 +445,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         done = [False] * n_shards
     if world.rank == 0:
-        others = sorted(p.name for p in out_dir.glob("part_*_of_*") if p.name not in set(names))
+        others = sorted(n for n in manifest.written_by(out_dir, STAGE) - set(names)
+                        if (out_dir / n).exists())
         if others:
             print(f"chop: warning: {out_dir} also holds {len(others)} shard file(s) of another "
                   f"plan (e.g. {others[0]}); a trainer reading the folder would see them too",
                   file=sys.stderr)
     needed = np.array([not all(done[k] for k in r) for r in groups])
     made = 0
-    if needed.any():
-        if world.rank == 0:
-            remove_stale_temporaries(out_dir)
-            if tmp_base.is_dir():
-                for old in tmp_base.glob(f"{WORK_PREFIX}*"):
-                    shutil.rmtree(old, ignore_errors=True)
-        world.barrier()
-        try:
-            made = _chop(world, args, plan, infos, groups, names, done, needed, key, work, out_dir)
-        finally:
+    # what was finished stays recorded; new folders left empty (a failure, --tmp_dir) go
+    with manifest.stage_outputs([out_dir, tmp_base], world.rank == 0):
+        if needed.any():
             if world.rank == 0:
-                shutil.rmtree(work, ignore_errors=True)
-                if (out_dir / manifest.MANIFEST_NAME).exists() or \
-                        any(out_dir.glob(".manifest-*.jsonl")):
-                    manifest.finalize(out_dir)
-    elif world.rank == 0 and any(out_dir.glob(".manifest-*.jsonl")):
-        manifest.finalize(out_dir)
+                remove_stale_temporaries(out_dir)
+                if tmp_base.is_dir():
+                    for old in tmp_base.glob(f"{WORK_PREFIX}*"):
+                        shutil.rmtree(old, ignore_errors=True)
+            world.barrier()
+            try:
+                made = _chop(world, args, plan, infos, groups, names, done, needed, key, work,
+                             out_dir)
+            finally:
+                if world.rank == 0:
+                    shutil.rmtree(work, ignore_errors=True)
     if world.rank == 0:
         skipped = n_shards - made
         note = f", {skipped} already made and verified (skipped)" if skipped else ""

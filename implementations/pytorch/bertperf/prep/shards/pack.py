@@ -1,7 +1,8 @@
 """Pack up to 3 samples into each fixed-size row (bertperf-packed/1, see bertperf/data/packed.py).
 
 Reads a folder of sample files: unpadded shards (bertperf-unpadded/1), padded HDF5 (`prep create`,
-`prep eval`) or NVIDIA's variable-length files, detected per file. Two passes, in bounded memory:
+`prep eval`), NVIDIA's variable-length files or NVIDIA's packed files (their rows' sequences are
+packed anew), detected per file. Two passes, in bounded memory:
 
   1. lengths only (the offsets of unpadded shards, the input_mask of padded files): a histogram
      of sequence lengths 1..max_seq_length; every length is checked here, before anything is
@@ -30,21 +31,21 @@ examples:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import shutil
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from bertperf.benchmark import MAX_PREDICTIONS, MAX_SEQ_LENGTH
 from bertperf.errors import UserError
 from bertperf.formats import detect, manifest, nvidia, unpadded
 from bertperf.formats import packed as packed_format
 from bertperf.formats.files import atomic_output, remove_stale_temporaries
+from bertperf.formats.reading import read_samples
 from bertperf.formats.samples import Samples, ranges
 from bertperf.prep.parallel import World, default_workers, run_tasks
 from bertperf.prep.shards.packing import (DEFAULT_MAX_PENDING, MAX_SEQS_PER_ROW, Packer, Rows,
@@ -106,7 +107,7 @@ def scan_lengths(path: Path, kind: str | None = None, limit: int | None = None) 
     """Pass 1 over one file: lengths (and mask/NSP counts) without the token data."""
     kind = kind or detect.kind(path)
     try:
-        if kind == "unpadded":
+        if kind == detect.UNPADDED:
             meta = unpadded.shard_meta(path)
             with h5py.File(path, "r") as f:
                 offsets = f["offsets"][()]
@@ -121,7 +122,7 @@ def scan_lengths(path: Path, kind: str | None = None, limit: int | None = None) 
             return FileLengths(kind, _hist_checked(path, np.diff(offsets), lim), n,
                                meta["max_seq_length"], meta["max_predictions_per_seq"],
                                int(mlm_offsets[-1] - mlm_offsets[0]), int(np.sum(nsp == 1)))
-        if kind == "padded":
+        if kind == detect.PADDED:
             with h5py.File(path, "r") as f:
                 mask, pos, nsp_d = f["input_mask"], f["masked_lm_positions"], f["next_sentence_labels"]
                 n, width = mask.shape
@@ -142,15 +143,19 @@ def scan_lengths(path: Path, kind: str | None = None, limit: int | None = None) 
                     masked += int(np.count_nonzero(pos[start:start + BLOCK_ROWS]))
                     nsp_random += int(np.sum(nsp_d[start:start + BLOCK_ROWS] == 1))
             return FileLengths(kind, hist, n, width, int(pos.shape[1]), masked, nsp_random)
-        if kind == "nvidia":
+        if kind == detect.NVIDIA:
             with h5py.File(path, "r") as f:
                 ids, pos = f["input_ids"], f["masked_lm_positions"]
                 nsp = np.asarray(f["next_sentence_labels"][()]).reshape(-1)
                 lengths = np.fromiter((len(x) for x in ids[()]), dtype=np.int64, count=len(ids))
                 masked = sum(len(x) for x in pos[()])
-            lim = limit or 512
-            return FileLengths(kind, _hist_checked(path, lengths, lim), len(lengths), None, None,
-                               int(masked), int(np.sum(nsp == 1)))
+            return FileLengths(kind, _hist_checked(path, lengths, limit or MAX_SEQ_LENGTH),
+                               len(lengths), None, None, int(masked), int(np.sum(nsp == 1)))
+        if kind == detect.NVIDIA_PACKED:  # the rows' sequences
+            lengths, counts, nsp = nvidia.packed_sequences(path)
+            return FileLengths(kind, _hist_checked(path, lengths, limit or MAX_SEQ_LENGTH,
+                                                   "sequence"),
+                               len(lengths), None, None, int(counts.sum()), int(np.sum(nsp == 1)))
     except UserError:
         raise
     except (OSError, KeyError, ValueError, TypeError) as exc:
@@ -158,13 +163,12 @@ def scan_lengths(path: Path, kind: str | None = None, limit: int | None = None) 
     raise UserError(f"{path}: {kind} files cannot be packed (unpack them first: pack --unpack)")
 
 
-def read_blocks(path: Path, kind: str):
-    """Pass 2: the file's samples, in order, as Samples blocks (checked)."""
-    if kind == "unpadded":
-        yield unpadded.read_shard(path)[0]
-    elif kind == "nvidia":
-        yield nvidia.read_varlen(path)
-    elif kind == "padded":
+def read_blocks(path: Path, kind: str, max_pred: int):
+    """Pass 2: the file's samples (packed files: sequences), in order, as Samples blocks
+    (checked)."""
+    if kind in (detect.UNPADDED, detect.NVIDIA, detect.NVIDIA_PACKED):
+        yield read_samples(path, (kind,), max_pred=max_pred)[0]
+    elif kind == detect.PADDED:
         try:
             with h5py.File(path, "r") as f:
                 n = len(f["next_sentence_labels"])
@@ -269,8 +273,6 @@ def shard_sizes(rows: int, num_shards: int | None, rows_per_shard: int | None,
 
 
 def _already_done(out: Path, key: str) -> list[str] | None:
-    if not (out / manifest.MANIFEST_NAME).exists():
-        return None
     entries = {n: e for n, e in manifest.load(out).items() if e.stage == STAGE}
     mine = sorted(n for n, e in entries.items() if e.key == key)
     if not mine or len(mine) != len(entries):
@@ -302,9 +304,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_seq_length is None and len(widths) > 1:
         raise UserError(f"{args.input}: files of different max_seq_length {sorted(widths)}; "
                         f"give --max_seq_length")
-    L = args.max_seq_length or (widths.pop() if widths else 512)
+    L = args.max_seq_length or (widths.pop() if widths else MAX_SEQ_LENGTH)
     preds = {s.max_pred for s in scans if s.max_pred is not None}
-    max_pred = max(preds) if preds else 76
+    max_pred = max(preds) if preds else MAX_PREDICTIONS
     kinds = {s.kind for s in scans}
     hist = np.zeros(L + 1, dtype=np.int64)
     for s in scans:
@@ -322,22 +324,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"pack: {len(done)} shard(s) in {out} already made from these inputs and verified "
               f"(skipped); {_summary(plan.rows, plan.sequences, plan.tokens, L)}", file=sys.stderr)
         return 0
-    if out.is_dir():
-        _check_clash(out, shard_names(len(sizes)))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"{out}: cannot create output folder: {exc.strerror}") from None
-    remove_stale_temporaries(out)
-    for old in out.glob(STAGING_PREFIX + "*"):
-        shutil.rmtree(old, ignore_errors=True)
-    staging = out / f"{STAGING_PREFIX}{os.getpid()}"
-    staging.mkdir()
-    try:
-        stats, written = _pack_stream(inputs, scans, plan, sizes, staging, args, L, max_pred)
-        names = _publish(out, staging, written, key)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    manifest.own_outputs(out, STAGE, shard_names(len(sizes)))
+    with manifest.stage_outputs([out]):
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{out}: cannot create output folder: {exc.strerror}") from None
+        remove_stale_temporaries(out)
+        for old in out.glob(STAGING_PREFIX + "*"):
+            shutil.rmtree(old, ignore_errors=True)
+        staging = out / f"{STAGING_PREFIX}{os.getpid()}"
+        staging.mkdir()
+        try:
+            stats, written = _pack_stream(inputs, scans, plan, sizes, staging, args, L, max_pred)
+            names = _publish(out, staging, written, key)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     rows = sum(w[1] for w in written)
     seqs = sum(w[2] for w in written)
     tokens = sum(w[3] for w in written)
@@ -379,7 +381,7 @@ def _pack_stream(inputs, scans, plan, sizes, staging, args, L, max_pred):
 
     for path, scan in zip(inputs, scans):
         seen = 0
-        for whole in read_blocks(path, scan.kind):
+        for whole in read_blocks(path, scan.kind, max_pred):
             lengths = whole.lengths
             if len(lengths) and lengths.max() > L:
                 raise UserError(f"{path}: sample {seen + int(np.argmax(lengths > L))} has "
@@ -406,11 +408,10 @@ def _pack_stream(inputs, scans, plan, sizes, staging, args, L, max_pred):
 def _publish(out: Path, staging: Path, written, key: str) -> list[str]:
     """Replace the previous pack outputs of `out` with the staged shards; record them."""
     names = shard_names(len(written))
-    old = _check_clash(out, names)
-    entries = []
-    for (path, rows, seqs, _), name in zip(written, names):
-        entries.append((name, manifest.entry_for(path, STAGE, key, samples=None)))
-    _drop_entries(out, old - set(names))
+    old = manifest.own_outputs(out, STAGE, names)
+    entries = [(name, manifest.entry_for(path, STAGE, key, samples=None))
+               for (path, *_), name in zip(written, names)]
+    manifest.forget(out, old - set(names))
     for (path, *_), name in zip(written, names):
         os.replace(path, out / name)
     for name, entry in entries:
@@ -421,32 +422,6 @@ def _publish(out: Path, staging: Path, written, key: str) -> list[str]:
 
 def shard_names(n: int) -> list[str]:
     return [f"part-{i:05d}-of-{n:05d}.hdf5" for i in range(n)]
-
-
-def _check_clash(out: Path, names: list[str]) -> set[str]:
-    """The files of earlier pack runs in `out`; an error if `names` would replace other files."""
-    old = {name for name, e in manifest.load(out).items() if e.stage == STAGE} \
-        if (out / manifest.MANIFEST_NAME).exists() else set()
-    clash = [nm for nm in names if (out / nm).exists() and nm not in old]
-    if clash:
-        raise UserError(f"{out / clash[0]}: exists and was not written by pack; choose another "
-                        f"--output")
-    return old
-
-
-def _drop_entries(out: Path, names: set[str]) -> None:
-    """Delete files an earlier pack run wrote here and take them out of the manifest."""
-    if not names:
-        return
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            (out / name).unlink()
-    entries = {k: v for k, v in manifest.load(out).items() if k not in names}
-    for frag in out.glob(".manifest-*.jsonl"):
-        frag.unlink(missing_ok=True)
-    doc = {"format": manifest.FORMAT, "files": {k: asdict(entries[k]) for k in sorted(entries)}}
-    with atomic_output(out / manifest.MANIFEST_NAME) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 # ---- unpack ------------------------------------------------------------------------------------------
@@ -478,19 +453,21 @@ def run_unpack(args: argparse.Namespace) -> int:
     # check every input first (offsets, row lengths, masks): a bad file leaves no outputs at all
     run_tasks(_check_packed_task, [str(p) for p in inputs], workers=args.workers,
               desc="unpack: check", world=world)
+    with manifest.stage_outputs([out], world.rank == 0):
+        if world.rank == 0:
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"{out}: cannot create output folder: {exc.strerror}") from None
+            remove_stale_temporaries(out)
+        world.barrier()
+        tasks = [(str(p), str(out / p.name),
+                  manifest.task_key("unpack", {}, [(p.name, manifest.recorded_md5(p))]))
+                 for p in inputs]
+        results = run_tasks(_unpack_task, tasks, workers=args.workers, desc="unpack", world=world)
+        if world.rank == 0:
+            manifest.finalize(out)
     if world.rank == 0:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"{out}: cannot create output folder: {exc.strerror}") from None
-        remove_stale_temporaries(out)
-    world.barrier()
-    tasks = [(str(p), str(out / p.name),
-              manifest.task_key("unpack", {}, [(p.name, manifest.recorded_md5(p))]))
-             for p in inputs]
-    results = run_tasks(_unpack_task, tasks, workers=args.workers, desc="unpack", world=world)
-    if world.rank == 0:
-        manifest.finalize(out)
         print(f"unpack: {sum(n for _, n in results)} samples from {len(results)} packed shard(s) "
               f"-> {out}", file=sys.stderr)
     return 0

@@ -1,9 +1,10 @@
 """Length statistics of a folder of sample files, and a PNG histogram of the lengths.
 
-Reads padded HDF5 (`prep create`), unpadded shards, NVIDIA's variable-length files or packed
-shards (`prep pack`), detected per file, with streaming reads of what it counts only (offsets and
-masks, never the token ids of unpadded or packed files), file by file on --workers processes, so it
-runs on the full dataset. Prints:
+Reads padded HDF5 (`prep create`), unpadded shards, NVIDIA's variable-length files, packed shards
+(`prep pack`) or NVIDIA's packed files, detected per file, with streaming reads of what it counts
+only (offsets and masks, never the token ids of unpadded or packed shards; NVIDIA's packed files
+are read and checked whole), file by file on --workers processes, so it runs on the full dataset.
+Prints:
 
   samples                 number of samples (packed: sequences)
   mean / median length    tokens per sample
@@ -31,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bertperf.benchmark import MAX_SEQ_LENGTH
 from bertperf.errors import UserError
-from bertperf.formats import detect
+from bertperf.formats import detect, nvidia
 from bertperf.formats import packed as packed_format
 from bertperf.formats.files import atomic_output
 from bertperf.prep.parallel import World, default_workers, run_tasks
@@ -41,7 +43,7 @@ from bertperf.prep.shards.packing import MAX_SEQS_PER_ROW, plan_packing
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", help="folder of sample files (padded, unpadded, NVIDIA or packed), "
+    p.add_argument("folder", help="folder of sample files (padded, unpadded, packed or NVIDIA's), "
                                   "or one file")
     p.add_argument("--png", help="histogram image to write (default: FOLDER/lengths.png)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
@@ -64,18 +66,24 @@ class FileStats:
     seqs_hist: np.ndarray | None = None  # packed: sequences per row (index = count)
 
 
+PACKED_KINDS = (detect.PACKED, detect.NVIDIA_PACKED)
+
+
 def scan_file(path: str | Path) -> FileStats:
     path = Path(path)
     kind = detect.kind(path)
-    if kind != "packed":
+    if kind not in PACKED_KINDS:
         s = scan_lengths(path, kind)
         return FileStats(kind, s.hist, s.samples, s.masked, s.nsp_random, s.max_seq_length)
-    p, meta = packed_format.read_packed(path, datasets=packed_format.INDEX_FIELDS)
-    L = meta["max_seq_length"]
-    return FileStats(kind, np.bincount(p.seq_lengths.astype(np.int64), minlength=L + 1),
+    if kind == detect.PACKED:
+        p, meta = packed_format.read_packed(path, datasets=packed_format.INDEX_FIELDS)
+        L, K, width = meta["max_seq_length"], meta["max_seqs_per_row"], meta["max_seq_length"]
+    else:  # NVIDIA's files do not record their limits
+        p, L, K, width = nvidia.read_packed(path), None, nvidia.MAX_SEQS_PER_ROW, MAX_SEQ_LENGTH
+    return FileStats(kind, np.bincount(p.seq_lengths.astype(np.int64), minlength=width + 1),
                      p.num_sequences, len(p.mlm_positions), int(np.sum(p.nsp == 1)), L, len(p),
-                     np.bincount(p.row_lengths, minlength=L + 1),
-                     np.bincount(p.seqs_per_row, minlength=meta["max_seqs_per_row"] + 1))
+                     np.bincount(p.row_lengths, minlength=width + 1),
+                     np.bincount(p.seqs_per_row, minlength=K + 1))
 
 
 def _add(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
@@ -104,12 +112,13 @@ def compute(files: list[Path], workers: int = 1, max_seqs_per_row: int = MAX_SEQ
     results = run_tasks(scan_file, [str(f) for f in files], workers=workers, desc="stats",
                         world=world)
     kinds = sorted({r.kind for r in results})
-    if "packed" in kinds and len(kinds) > 1:
+    packed = set(kinds) <= set(PACKED_KINDS)
+    if not packed and set(kinds) & set(PACKED_KINDS):
         raise UserError(f"{files[0].parent}: packed and unpacked files mixed ({', '.join(kinds)})")
     widths = {r.max_seq_length for r in results if r.max_seq_length is not None}
     if len(widths) > 1:
         raise UserError(f"{files[0].parent}: files of different max_seq_length {sorted(widths)}")
-    L = widths.pop() if widths else 512
+    L = widths.pop() if widths else MAX_SEQ_LENGTH
     hist = None
     for r in results:
         hist = _add(hist, r.hist)
@@ -135,7 +144,7 @@ def compute(files: list[Path], workers: int = 1, max_seqs_per_row: int = MAX_SEQ
         "nsp_random_fraction": nsp_random / n if n else float("nan"),
         "length_histogram": hist.tolist(),
     }
-    if kinds == ["packed"]:
+    if packed:
         rows = sum(r.rows for r in results)
         row_hist = seqs_hist = None
         for r in results:

@@ -20,7 +20,8 @@ How (memory bounded by one input shard per worker in pass 1 and by --max_task_sa
 The result depends only on the inputs (in name order), --bins, --shards_per_bin and --seed, not on
 --workers or MPI ranks. Temporary files live in OUTPUT/.stratify-tmp (needs as much free space as
 the input); the bin folders and stratify.json replace earlier ones only when everything succeeded,
-so a failure (e.g. a corrupt input shard, named in the one-line error) leaves no partial output.
+so a failure (e.g. a corrupt input shard, named in the one-line error) leaves no partial output
+(and no new empty folder).
 """
 
 from __future__ import annotations
@@ -253,68 +254,68 @@ def run(args: argparse.Namespace) -> int:
     k = args.shards_per_bin or len(inputs)
     names = bin_names(edges)
     world = World()
-    created_out = not out_dir.exists()
     tmp = out_dir / TMP
     spill_dir = tmp / "spill"
-    ok = False
-    try:
-        if world.rank == 0:
-            if tmp.exists():
-                shutil.rmtree(tmp)  # left by a killed run
-            spill_dir.mkdir(parents=True)
-        world.barrier()
-        # pass 1
-        results = run_tasks(run_spill, [SpillTask(i, str(p), tuple(edges), str(spill_dir),
-                                                  args.seed) for i, p in enumerate(inputs)],
-                            workers=args.workers, desc="stratify (bin)", world=world)
-        counts = np.array([c for c, _ in results], dtype=np.int64).reshape(len(inputs), len(edges))
-        tokens = np.array([t for _, t in results], dtype=np.int64).reshape(len(inputs), len(edges))
-        # pass 2
-        params = {"bins": edges, "shards_per_bin": k, "seed": args.seed}
-        key = manifest.task_key(STAGE, params, [(p.name, manifest.recorded_md5(p)) for p in inputs])
-        tasks = []
-        for b, (name, lo, hi) in enumerate(names):
-            total = int(counts[:, b].sum())
-            before = np.concatenate([[0], np.cumsum(counts[:, b])[:-1]])
-            spills = tuple((str(spill_path(str(spill_dir), b, i)), int(before[i]),
-                            int(counts[i, b])) for i in range(len(inputs)) if counts[i, b])
+    # a failure leaves nothing: the temporary folder goes, then the output folder if it is new
+    with manifest.stage_outputs([out_dir], world.rank == 0):
+        try:
             if world.rank == 0:
-                (tmp / name).mkdir()
-            if not total:
-                continue
-            per_task = max(1, args.max_task_samples // max(1, -(-total // k)))
-            per_task = min(per_task, max(1, -(-k // max(1, args.workers * world.size))))
-            for first in range(0, k, per_task):
-                tasks.append(PartTask(b, (first, min(k, first + per_task)), k, spills,
-                                      str(tmp / name), args.seed, max_seq_length, max_pred,
-                                      (lo, hi), key))
-        world.barrier()
-        run_tasks(run_parts, tasks, workers=args.workers, desc="stratify (write)", unit="task",
-                  world=world)
-        if world.rank == 0:
-            shutil.rmtree(spill_dir)
-            for name, _, _ in names:
-                manifest.finalize(tmp / name)
-            summary = {
-                "format": SUMMARY_FORMAT, "input": str(in_dir), "input_shards": len(inputs),
-                "seed": args.seed, "shards_per_bin": k, "max_seq_length": max_seq_length,
-                "max_predictions_per_seq": max_pred,
-                "samples": int(counts.sum()), "tokens": int(tokens.sum()),
-                "bins": [{"name": name, "min_length": lo, "max_length": hi,
-                          "samples": int(counts[:, b].sum()), "tokens": int(tokens[:, b].sum()),
-                          "shards": k if counts[:, b].sum() else 0}
-                         for b, (name, lo, hi) in enumerate(names)],
-            }
-            replace_outputs(out_dir, tmp, [n for n, _, _ in names], summary)
-            print(f"stratify: {summary['samples']} samples from {len(inputs)} shard(s) into "
-                  f"{len(edges)} bins x {k} shards: "
-                  + ", ".join(f"{b['name']} {b['samples']}" for b in summary["bins"]),
-                  file=sys.stderr)
-        ok = True
-    finally:
-        if not ok and world.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if created_out:
-                shutil.rmtree(out_dir, ignore_errors=True)
+                if tmp.exists():
+                    shutil.rmtree(tmp)  # left by a killed run
+                spill_dir.mkdir(parents=True)
+            world.barrier()
+            # pass 1
+            results = run_tasks(run_spill, [SpillTask(i, str(p), tuple(edges), str(spill_dir),
+                                                      args.seed) for i, p in enumerate(inputs)],
+                                workers=args.workers, desc="stratify (bin)", world=world)
+            shape = (len(inputs), len(edges))
+            counts = np.array([c for c, _ in results], dtype=np.int64).reshape(shape)
+            tokens = np.array([t for _, t in results], dtype=np.int64).reshape(shape)
+            # pass 2
+            params = {"bins": edges, "shards_per_bin": k, "seed": args.seed}
+            key = manifest.task_key(STAGE, params,
+                                    [(p.name, manifest.recorded_md5(p)) for p in inputs])
+            tasks = []
+            for b, (name, lo, hi) in enumerate(names):
+                total = int(counts[:, b].sum())
+                before = np.concatenate([[0], np.cumsum(counts[:, b])[:-1]])
+                spills = tuple((str(spill_path(str(spill_dir), b, i)), int(before[i]),
+                                int(counts[i, b])) for i in range(len(inputs)) if counts[i, b])
+                if world.rank == 0:
+                    (tmp / name).mkdir()
+                if not total:
+                    continue
+                per_task = max(1, args.max_task_samples // max(1, -(-total // k)))
+                per_task = min(per_task, max(1, -(-k // max(1, args.workers * world.size))))
+                for first in range(0, k, per_task):
+                    tasks.append(PartTask(b, (first, min(k, first + per_task)), k, spills,
+                                          str(tmp / name), args.seed, max_seq_length, max_pred,
+                                          (lo, hi), key))
+            world.barrier()
+            run_tasks(run_parts, tasks, workers=args.workers, desc="stratify (write)", unit="task",
+                      world=world)
+            if world.rank == 0:
+                shutil.rmtree(spill_dir)
+                for name, _, _ in names:
+                    manifest.finalize(tmp / name)
+                summary = {
+                    "format": SUMMARY_FORMAT, "input": str(in_dir), "input_shards": len(inputs),
+                    "seed": args.seed, "shards_per_bin": k, "max_seq_length": max_seq_length,
+                    "max_predictions_per_seq": max_pred,
+                    "samples": int(counts.sum()), "tokens": int(tokens.sum()),
+                    "bins": [{"name": name, "min_length": lo, "max_length": hi,
+                              "samples": int(counts[:, b].sum()), "tokens": int(tokens[:, b].sum()),
+                              "shards": k if counts[:, b].sum() else 0}
+                             for b, (name, lo, hi) in enumerate(names)],
+                }
+                replace_outputs(out_dir, tmp, [n for n, _, _ in names], summary)
+                print(f"stratify: {summary['samples']} samples from {len(inputs)} shard(s) into "
+                      f"{len(edges)} bins x {k} shards: "
+                      + ", ".join(f"{b['name']} {b['samples']}" for b in summary["bins"]),
+                      file=sys.stderr)
+        except BaseException:
+            if world.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
     world.barrier()
     return 0

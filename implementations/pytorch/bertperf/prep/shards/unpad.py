@@ -1,11 +1,13 @@
 """Unpad: padded sample files (`prep create`) to the variable-length layout the fast trainer reads.
 
 One output per input file, same stem: `part-00000-of-00500.hdf5` becomes `part-00000-of-00500.h5`
-in our flat layout (bertperf-unpadded/1, data/shards.py: token ids as uint16, per-sample offsets,
-nothing derivable stored), or `part-00000-of-00500.hdf5` in NVIDIA's variable-length layout with
---output_format nvidia. --input_format nvidia reads NVIDIA's variable-length files instead (data
-prepared by NVIDIA's scripts). The reader gives back exactly the padded samples: every padded row
-is checked to round-trip (mask a prefix, zero padding, segment B a suffix of the real tokens).
+in our flat layout (bertperf-unpadded/1, formats/unpadded.py: token ids as uint16, per-sample
+offsets, nothing derivable stored), or `part-00000-of-00500.hdf5` in NVIDIA's variable-length
+layout with --output_format nvidia. The input layout is detected per file (or --input_format):
+padded files, NVIDIA's variable-length files, or NVIDIA's packed files (`part_XXXXX`, whose rows'
+sequences become samples, in row order) for data prepared by NVIDIA's scripts. The padded reader
+gives back exactly the padded samples: every padded row is checked to round-trip (mask a prefix,
+zero padding, segment B a suffix of the real tokens).
 
 Inputs are checked against their folder's MANIFEST.json when it has one (size and md5). Files are
 tasks for local worker processes and MPI ranks; finished outputs are skipped on rerun.
@@ -21,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertperf.errors import UserError
-from bertperf.formats import detect, manifest, nvidia, padded, unpadded
+from bertperf.formats import detect, manifest, nvidia, unpadded
 from bertperf.formats.files import atomic_output, remove_stale_temporaries
+from bertperf.formats.reading import read_samples
 from bertperf.prep.parallel import World, default_workers, run_tasks
 
 STAGE = "unpad"
+INPUT_KINDS = (detect.PADDED, detect.NVIDIA, detect.NVIDIA_PACKED)
 
 
 # ---- the per-file task ---------------------------------------------------------------------------
@@ -48,18 +52,16 @@ def run_task(task: Task) -> tuple[str, int]:
     """Unpad one file unless its output exists and verifies. ("made"|"skipped", samples)."""
     src, dst = Path(task.src), Path(task.dst)
     md5 = manifest.verified_md5(src)
-    params = {"input_format": task.input_format, "output_format": task.output_format}
-    if task.input_format == "nvidia":
+    kind = detect.kind(src) if task.input_format == "auto" else task.input_format
+    params = {"input_format": kind, "output_format": task.output_format}
+    if kind != detect.PADDED:
         params.update(max_seq_length=task.max_seq_length, max_pred=task.max_pred)
     key = manifest.task_key(STAGE, params, [(src.name, md5)])
     entries = manifest.load(dst.parent)
     if manifest.is_done(dst.parent, dst.name, key, entries):
         return "skipped", entries[dst.name].samples or 0
-    if task.input_format == "nvidia":
-        samples = nvidia.read_varlen(src, task.max_seq_length, task.max_pred)
-        length, preds = task.max_seq_length, task.max_pred
-    else:
-        samples, length, preds = padded.read_checked(src)
+    kinds = INPUT_KINDS if task.input_format == "auto" else (task.input_format,)
+    samples, length, preds = read_samples(src, kinds, task.max_seq_length, task.max_pred)
     with atomic_output(dst) as tmp:
         if task.output_format == "nvidia":
             nvidia.write_varlen(tmp, samples)
@@ -75,16 +77,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True,
                    help="a sample file, or a folder of them (*.h5, *.hdf5, *.hdf)")
     p.add_argument("--output", required=True, help="output folder (one file per input)")
-    p.add_argument("--input_format", choices=("padded", "nvidia"), default="padded",
-                   help="padded HDF5 (prep create, NVIDIA's fixed-length files; default) or "
-                        "NVIDIA's variable-length layout")
+    p.add_argument("--input_format", choices=("auto", *INPUT_KINDS), default="auto",
+                   help="detected per file (default), or: padded HDF5 (prep create, NVIDIA's "
+                        "fixed-length files), NVIDIA's variable-length or packed layout")
     p.add_argument("--output_format", choices=("bertperf", "nvidia"), default="bertperf",
                    help="our flat layout, STEM.h5 (default), or NVIDIA's variable-length "
                         "layout, STEM.hdf5")
     p.add_argument("--max_seq_length", type=int, default=512,
-                   help="limit recorded for NVIDIA input (padded input: its row length)")
+                   help="limit checked and recorded for NVIDIA input (padded input: its row "
+                        "length); for packed input, the row length")
     p.add_argument("--max_predictions_per_seq", type=int, default=76,
-                   help="limit recorded for NVIDIA input (padded input: its row length)")
+                   help="limit checked and recorded for NVIDIA input (padded input: its row "
+                        "length)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="local worker processes (default: all cores)")
 
@@ -108,14 +112,12 @@ def run(args: argparse.Namespace) -> int:
     world = World()
     tasks = plan(args)
     out_dir = Path(args.output)
-    if world.rank == 0:
-        remove_stale_temporaries(out_dir)
-    world.barrier()
-    try:
+    with manifest.stage_outputs([out_dir], world.rank == 0):  # keeps what was finished
+        if world.rank == 0:
+            remove_stale_temporaries(out_dir)
+        world.barrier()
         results = run_tasks(run_task, tasks, workers=args.workers, desc="unpad", world=world)
-    finally:  # keep what was finished, even when a file failed
-        if world.rank == 0 and ((out_dir / manifest.MANIFEST_NAME).exists()
-                                or any(out_dir.glob(".manifest-*.jsonl"))):
+        if world.rank == 0:
             manifest.finalize(out_dir)
     if world.rank == 0:
         made = [n for status, n in results if status == "made"]

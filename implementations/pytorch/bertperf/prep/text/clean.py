@@ -290,22 +290,25 @@ def run_per_file_stage(
     check_workers(args.workers)
     world = World()
     inputs = find_inputs(args.input, args.output)
-    out = prepare_output(args.output)
+    out = Path(args.output)
     for path, rel in inputs:
         if (out / rel).resolve() == path.resolve():
             raise UserError(f"{path}: output would overwrite this input; choose another --output")
-    if world.rank == 0:
-        for parent in sorted({(out / rel).parent for _, rel in inputs}):
-            remove_stale_temporaries(parent)
-    world.barrier()
-    entries = manifest.load(out)
-    tasks = [
-        (stage, transform, params, str(path), str(out), rel, entries.get(rel))
-        for path, rel in inputs
-    ]
-    results = run_tasks(_file_task, tasks, workers=args.workers, desc=stage, world=world)
-    if world.rank == 0:
-        manifest.finalize(out)
+    folders = sorted({(out / rel).parent for _, rel in inputs})
+    with manifest.stage_outputs([out, *folders], world.rank == 0):
+        prepare_output(out)
+        if world.rank == 0:
+            for parent in folders:
+                remove_stale_temporaries(parent)
+        world.barrier()
+        entries = manifest.load(out)
+        tasks = [
+            (stage, transform, params, str(path), str(out), rel, entries.get(rel))
+            for path, rel in inputs
+        ]
+        results = run_tasks(_file_task, tasks, workers=args.workers, desc=stage, world=world)
+        if world.rank == 0:
+            manifest.finalize(out)
         skipped = sum(1 for _, was_skipped, _ in results if was_skipped)
         samples = sum(s or 0 for _, _, s in results)
         note = (f"; {skipped} skipped (already done, verified against the manifest)"

@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--num_outputs must be at least 1, not {args.num_outputs}")
     world = World()
     inputs = find_inputs(args.input, args.output)
-    out = prepare_output(args.output)
+    out = Path(args.output)
     num_files = len(inputs)
     sizes = _raw_sizes(inputs, args.raw_dir, world)
     parts = plan_parts(sizes, args.block_size, [str(path) for path, _ in inputs])
@@ -222,48 +222,53 @@ def run(args: argparse.Namespace) -> int:
         "block_size": args.block_size,
         "num_outputs": args.num_outputs,
     }
+    with manifest.stage_outputs([out], world.rank == 0):
+        prepare_output(out)
+        if world.rank == 0:
+            remove_stale_temporaries(out)
+        world.barrier()
+
+        holdouts = run_tasks(
+            _holdout_task,
+            [(i, str(path), num_files, args.num_test_articles, args.seed)
+             for i, (path, _) in enumerate(inputs)],
+            workers=args.workers, desc="split: eval hold-out", world=world,
+        )
+
+        entries = manifest.load(out)
+        gather_tasks = []
+        for name, members in zip(names, parts):
+            params = {**common, "part": name,
+                      "files": [[i, inputs[i][1], sizes[i]] for i in members]}
+            files = [(str(inputs[i][0]), holdouts[i][0]) for i in members]
+            gather_tasks.append((name, files, params, str(out), entries.get(name)))
+        gathered = run_tasks(_gather_task, gather_tasks, workers=args.workers,
+                             desc="split: gather", unit="part", world=world)
+
+        if world.rank == 0:
+            skipped = sum(1 for _, _, was_skipped, _ in gathered if was_skipped)
+            eval_params = {**common, "parts": [key for _, key, _, _ in gathered]}
+            eval_articles = [a for _, articles in holdouts for a in articles]
+            for name in (EVAL_TXT, EVAL_MD5):
+                key = manifest.task_key(STAGE, {**eval_params, "output": name}, [])
+                if manifest.is_done(out, name, key, entries):
+                    skipped += 1
+                    continue
+                with atomic_output(out / name) as tmp, \
+                        open(tmp, "w", encoding="utf-8", newline="\n") as f:
+                    for article in eval_articles:
+                        if name == EVAL_TXT:
+                            f.write(article + "\n\n")
+                        else:
+                            digest = hashlib.md5(article.rstrip().encode("utf-8")).hexdigest()
+                            f.write(digest + "\n")
+                entry = manifest.entry_for(out / name, STAGE, key, len(eval_articles))
+                manifest.record(out, name, entry)
+            manifest.finalize(out)
+
     if world.rank == 0:
-        remove_stale_temporaries(out)
-    world.barrier()
-
-    holdouts = run_tasks(
-        _holdout_task,
-        [(i, str(path), num_files, args.num_test_articles, args.seed)
-         for i, (path, _) in enumerate(inputs)],
-        workers=args.workers, desc="split: eval hold-out", world=world,
-    )
-
-    entries = manifest.load(out)
-    gather_tasks = []
-    for name, members in zip(names, parts):
-        params = {**common, "part": name,
-                  "files": [[i, inputs[i][1], sizes[i]] for i in members]}
-        files = [(str(inputs[i][0]), holdouts[i][0]) for i in members]
-        gather_tasks.append((name, files, params, str(out), entries.get(name)))
-    gathered = run_tasks(_gather_task, gather_tasks, workers=args.workers,
-                         desc="split: gather", unit="part", world=world)
-
-    if world.rank == 0:
-        skipped = sum(1 for _, _, was_skipped, _ in gathered if was_skipped)
-        eval_params = {**common, "parts": [key for _, key, _, _ in gathered]}
-        eval_articles = [a for _, articles in holdouts for a in articles]
-        for name in (EVAL_TXT, EVAL_MD5):
-            key = manifest.task_key(STAGE, {**eval_params, "output": name}, [])
-            if manifest.is_done(out, name, key, entries):
-                skipped += 1
-                continue
-            with atomic_output(out / name) as tmp, \
-                    open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                for article in eval_articles:
-                    if name == EVAL_TXT:
-                        f.write(article + "\n\n")
-                    else:
-                        f.write(hashlib.md5(article.rstrip().encode("utf-8")).hexdigest() + "\n")
-            entry = manifest.entry_for(out / name, STAGE, key, len(eval_articles))
-            manifest.record(out, name, entry)
-        manifest.finalize(out)
-
-        stale = sorted(p.name for p in out.glob("part-*") if p.is_file() and p.name not in names)
+        stale = sorted(n for n in manifest.written_by(out, STAGE) - {*names, EVAL_TXT, EVAL_MD5}
+                       if (out / n).exists())
         if stale:
             print(f"split: warning: {out} also holds {len(stale)} part file(s) this run did not "
                   f"produce (e.g. {stale[0]}); remove them before the next stage", file=sys.stderr)
