@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,44 @@ def test_a_bad_late_entry_leaves_no_files(tmp_path):
     run = run_cli(["--dict", str(db), "--output", str(tmp_path / "out"), "--file_mb", "0.00001"])
     assert run.returncode == 1 and "past the end of" in run.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*"))
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_rerun_leaves_exactly_its_own_files(tmp_path):
+    """Another database or a larger --file_mb: the earlier run's extra wiki_NN files go (clean
+    would read them), files prep dictd did not write stay."""
+    words = [f"Word{i}" for i in range(6)]
+    big = make_db(tmp_path / "big", [(w, ENTRY.replace("Lisp", w)) for w in words])
+    small = make_db(tmp_path / "small", [("Lisp", ENTRY)])
+    out = tmp_path / "out"
+    run = run_cli(["--dict", str(big), "--output", str(out), "--file_mb", "0.00001"])
+    assert run.returncode == 0, run.stderr
+    assert tree(out) == ["AA/" + f"wiki_{i:02d}" for i in range(6)] + ["MANIFEST.json"]
+    (out / "notes.txt").write_text("mine\n")
+    run = run_cli(["--dict", str(big), "--output", str(out), "--file_mb", "1"])
+    assert run.returncode == 0, run.stderr
+    assert tree(out) == ["AA/wiki_00", "MANIFEST.json", "notes.txt"]
+    assert (out / "AA" / "wiki_00").read_text().count("<doc ") == 6
+    run = run_cli(["--dict", str(big), "--output", str(out), "--file_mb", "0.00001"])
+    assert run.returncode == 0, run.stderr
+    run = run_cli(["--dict", str(small), "--output", str(out)])
+    assert run.returncode == 0, run.stderr
+    assert tree(out) == ["AA/wiki_00", "MANIFEST.json", "notes.txt"]
+    assert 'url="dictd:test" title="Lisp"' in (out / "AA" / "wiki_00").read_text()
+    assert json.loads((out / "MANIFEST.json").read_text())["files"]["AA/wiki_00"]["samples"] == 1
+
+
+def test_files_it_did_not_write_are_never_replaced(tmp_path):
+    db = make_db(tmp_path / "db", [("Lisp", ENTRY)])
+    out = tmp_path / "out"
+    (out / "AA").mkdir(parents=True)
+    (out / "AA" / "wiki_00").write_text("real WikiExtractor text\n")
+    run = run_cli(["--dict", str(db), "--output", str(out)])
+    assert run.returncode == 1
+    assert run.stderr.strip() == (f"bertperf: error: {out / 'AA' / 'wiki_00'}: exists and was not "
+                                  "written by prep dictd; choose another --output")
+    assert tree(out) == ["AA/wiki_00"]
+    assert (out / "AA" / "wiki_00").read_text() == "real WikiExtractor text\n"

@@ -15,7 +15,10 @@ becomes one article:
   - articles with no text left are dropped.
 
 Articles are written in index order into `--output/AA/wiki_NN` files of about --file_mb MiB, as
-`<doc id="N" url="dictd:NAME" title="...">` blocks (the shape WikiExtractor writes).
+`<doc id="N" url="dictd:NAME" title="...">` blocks (the shape WikiExtractor writes), and recorded
+in --output/MANIFEST.json (which `prep clean` skips). A rerun (another database, another
+--file_mb) leaves exactly its own files: the wiki_NN files an earlier run wrote that this one does
+not are deleted; a file this run would overwrite that `prep dictd` did not write is an error.
 
 example:
   python -m bertperf prep dictd --dict /usr/share/dictd/foldoc.dict.dz --output foldoc_text/
@@ -31,8 +34,11 @@ from pathlib import Path
 from typing import Iterator
 
 from bertperf.errors import UserError
+from bertperf.formats import manifest
 from bertperf.formats.files import atomic_output
 
+STAGE = "dictd"
+FOLDER = "AA"  # WikiExtractor's first folder name
 
 _DIGITS = {c: i for i, c in enumerate(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
@@ -142,9 +148,18 @@ def run(args: argparse.Namespace) -> int:
             size = 0
         files[-1].append(block)
         size += len(block.encode("utf-8"))
-    for i, blocks in enumerate(f for f in files if f):
-        with atomic_output(args.output / "AA" / f"wiki_{i:02d}") as tmp:
-            tmp.write_text("".join(blocks), encoding="utf-8")
-    print(f"prep dictd: {count} articles from {dict_path} in {sum(map(bool, files))} files "
-          f"under {args.output}")
+    files = [f for f in files if f]
+    out: Path = args.output
+    names = [f"{FOLDER}/wiki_{i:02d}" for i in range(len(files))]
+    earlier = manifest.own_outputs(out, STAGE, names)
+    key = manifest.task_key(STAGE, {"file_mb": args.file_mb}, [dict_path, index])
+    with manifest.stage_outputs([out, out / FOLDER]):
+        for file_name, blocks in zip(names, files):
+            with atomic_output(out / file_name) as tmp:
+                tmp.write_text("".join(blocks), encoding="utf-8")
+            manifest.record(out, file_name,
+                            manifest.entry_for(out / file_name, STAGE, key, len(blocks)))
+        manifest.forget(out, earlier - set(names))  # an earlier run's files beyond this one's
+        manifest.finalize(out)
+    print(f"prep dictd: {count} articles from {dict_path} in {len(files)} files under {out}")
     return 0
