@@ -349,6 +349,18 @@ def test_bench_runs(capsys):
     assert "peak RSS" in out and "30 shards" in out
 
 
+def test_bench_help_speaks_of_the_benchmark(capsys):
+    """The help describes the measurement and its goal, without pointers into planning notes."""
+    import re
+
+    from bertperf.__main__ import main
+    with pytest.raises(SystemExit):
+        main(["bench", "loader", "--help"])
+    text = capsys.readouterr().out
+    assert "Goal: >= 5,000 samples/s from one worker" in text and "< 2 GB per rank" in text
+    assert not re.search(r"\bissues? \d|§|_anchors|_facts", text), text
+
+
 # ---- packed shards (bertperf-packed/1) -----------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ the samples/s of each batch layout: padded [B, 512] arrays, unpadded varlen arra
 and packed rows (a batch is batch_size rows; samples/s counts the sequences in them), without and
 with prefetching. Then, in a fresh process, the peak RSS of a loader that reads one whole epoch of
 --rss_shards (4320) small shards, all on one rank (the worst case: a real rank reads
-4320 / world_size of them). Goal (issue 4): >= 5,000 samples/s from one worker (an H100 trains
-about 1,000 samples/s, performance_anchors §1c) and < 2 GB per rank.
+4320 / world_size of them). Goal: >= 5,000 samples/s from one worker (several times what one
+H100 trains, about 1,000 samples/s) and < 2 GB per rank.
 """
 
 from __future__ import annotations

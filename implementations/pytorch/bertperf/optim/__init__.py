@@ -16,8 +16,10 @@ Modules, each usable on its own:
   factory.make_optimizer          "lamb" -> Lamb; "adamw" -> torch.optim.AdamW (fused on CUDA)
   factory.mlperf_hparams          the optimizer-related MLPerf log keys with their values
 
-Typical step (gradient accumulation is the trainer's: it backpropagates GA micro-batches, each
-loss divided by GA, into the same .grad, then calls clipped_step once):
+Typical step (gradient accumulation is the trainer's, train/loop.py: it backpropagates GA
+micro-batches into the same .grad, each micro-batch's summed cross-entropies divided by the
+step's masked-token and sequence counts over all micro-batches and ranks, then calls clipped_step
+once):
 
     groups = param_groups(model, weight_decay=0.01)
     opt = make_optimizer("lamb", groups, lr=4.25e-4, betas=(0.9, 0.999), eps=1e-6)
