@@ -251,17 +251,17 @@ def test_setup_logs_hyperparameters_and_schedule(tmp_path):
     from bertperf.train.loop import micro_batches, setup, train_step
     cfg = load(env_for(tmp_path, GRADIENT_STEPS="2", WARMUP_PROPORTION="0.1", PREFETCH="0"))
     log_path = tmp_path / "log.txt"
-    t = setup(cfg, MLPerfLogger(log_path, echo=False))
+    trainer = setup(cfg, MLPerfLogger(log_path, echo=False))
     lines = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in log_path.read_text().splitlines()]
     values = {l["key"]: l["value"] for l in lines}
     assert values["global_batch_size"] == 8 and values["gradient_accumulation_steps"] == 2
     assert values["opt_learning_rate_warmup_steps"] == 5 and values["eval_samples"] == 64
     assert values["opt_base_learning_rate"] == 0.01 and values["max_sequence_length"] == MSL
-    batches = micro_batches(t.loader, t.device)
+    batches = micro_batches(trainer.loader, trainer.device)
     for k in range(3):
-        assert t.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(k + 1, 0.01, 5, 50))
-        train_step(t, batches)
-    assert t.loader.position == 3 * 2 * 4  # GA micro-batches of BATCHSIZE per step
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(k + 1, 0.01, 5, 50))
+        train_step(trainer, batches)
+    assert trainer.loader.position == 3 * 2 * 4  # GA micro-batches of BATCHSIZE per step
 
 
 def test_dist_config_launchers_and_loader_split(tmp_path):
