@@ -44,18 +44,9 @@ PYTHONPATH="${here}/implementations/pytorch${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONPATH
 
 # This process's rank, world size and local rank, decided by the trainer's own reader
-# (bertperf.config.DistConfig.from_env: torchrun's RANK, then OpenMPI's, then a Slurm step's).
-# Asking Python keeps one definition: the script and the trainer cannot disagree on which
-# launcher's variables win (torchrun under srun, mpirun inside a Slurm job).
-dist=$("${PYTHON}" -c '
-import sys
-from bertperf.config import DistConfig, process_environment
-from bertperf.errors import UserError
-try:
-    d = DistConfig.from_env(process_environment())
-except UserError as err:
-    sys.exit(f"run_and_time.sh: error: {err}")
-print(d.rank, d.world_size, d.local_rank)') || exit 1
+# (`bertperf rank`: torchrun's RANK, then OpenMPI's, then a Slurm step's). Asking it keeps one
+# definition: the script and the trainer cannot disagree on which launcher's variables win.
+dist=$("${PYTHON}" -m bertperf rank) || exit 1
 read -r rank world local_rank <<< "${dist}"
 if (( world > 1 )); then
   per_rank=1                      # a launcher started this script once per rank
@@ -111,8 +102,7 @@ if [[ "${per_rank}" == 1 || "${nproc}" == 1 ]]; then
 else
   case "${LAUNCHER}" in
     torchrun)
-      "${PYTHON}" -m torch.distributed.run --standalone --nproc_per_node="${DGXNGPU}" \
-        -m bertperf train || status=$? ;;
+      "${PYTHON}" -m bertperf launch --nproc-per-node="${DGXNGPU}" train || status=$? ;;
     mpirun)
       : "${MASTER_ADDR:=127.0.0.1}" "${MASTER_PORT:=29500}"
       export MASTER_ADDR MASTER_PORT

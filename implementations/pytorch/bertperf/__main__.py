@@ -15,6 +15,8 @@ COMMANDS = {
     "launch": ("bertperf.train.launch",
                "start this node's ranks of `train` (torch.distributed's launcher); one line "
                "naming the rank that failed first"),
+    "rank": ("bertperf.train.rank",
+             "this process's rank, world size and local rank, as the trainer reads them"),
     "convert-ckpt": ("bertperf.model.convert_cli",
                      "TF1 BERT checkpoint -> PyTorch .pt (no TensorFlow)"),
     "plot": ("bertperf.mlperf.plot", "PNG of loss and accuracy curves from an MLPerf log"),

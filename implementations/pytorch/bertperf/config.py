@@ -74,8 +74,9 @@ class ModelConfig:
     128, for tests and the demo; bertperf.model.bert_config.NAMED) or the path of a
     bert_config.json."""
     init_checkpoint: Path | None = _var("INIT_CHECKPOINT", Path)
-    """Weights to start from: a TF1 checkpoint prefix (MLPerf's model.ckpt-28252, read without
-    TensorFlow) or a `convert-ckpt` output (.pt); unset = random init (seeded by SEED)."""
+    """Weights to start from: MLPerf's TF1 checkpoint model.ckpt-28252 (its prefix or any of its
+    files; read without TensorFlow), a `convert-ckpt` output (.pt) or NVIDIA's converted
+    model.ckpt-28252.pt; unset = random init (seeded by SEED)."""
     init_eval: bool = _var("INIT_EVAL", yes_no, True)
     """With INIT_CHECKPOINT: evaluate right after loading it (during init, not logged as an MLPerf
     eval) and warn when a BERT-large checkpoint is far from the reference's 0.34085."""
