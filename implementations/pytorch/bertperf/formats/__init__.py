@@ -6,9 +6,10 @@
   packed.py    bertperf-packed/1 shards: up to 3 sequences per fixed-size row
   nvidia.py    NVIDIA's variable-length and packed layouts
   detect.py    which layout a file is in, its header, and a folder's sample files
+  hdf5.py      a file's datasets read whole, with one-line errors
   reading.py   a file of any of several layouts as Samples (stages and the trainer's eval set)
   manifest.py  MANIFEST.json: md5/size/count per output, resume keys, inputs checked against it
   files.py     atomic outputs (temporary name, then rename), strict UTF-8 reading, md5
 
-numpy and h5py only: no torch, and nothing of bertperf above errors.py.
+numpy and h5py only: no torch, and nothing of bertperf but errors.py and benchmark.py.
 """

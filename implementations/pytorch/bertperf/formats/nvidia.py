@@ -32,6 +32,7 @@ import numpy as np
 from bertperf.benchmark import MAX_PREDICTIONS, MAX_SEQ_LENGTH
 from bertperf.errors import UserError
 from bertperf.formats import packed as packed_format
+from bertperf.formats.hdf5 import read_datasets
 from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 from bertperf.formats.unpadded import check
@@ -48,19 +49,7 @@ MAX_SEQS_PER_ROW = 3
 
 def _read(path: Path, fields: tuple[str, ...], layout: str) -> dict[str, np.ndarray]:
     """The datasets `fields` of an NVIDIA file, as read by h5py (vlen ones: object arrays)."""
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    try:
-        with h5py.File(path, "r") as f:
-            missing = [k for k in fields if k not in f]
-            if missing:
-                raise UserError(f"{path}: not an NVIDIA {layout} file, missing "
-                                f"{', '.join(missing)}")
-            data = {k: f[k][()] for k in fields}
-    except UserError:
-        raise
-    except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None
+    data = read_datasets(path, fields, f"an NVIDIA {layout} file")
     counts = {len(np.atleast_1d(v)) for v in data.values()}
     if len(counts) != 1:
         raise UserError(f"{path}: datasets disagree on the number of "

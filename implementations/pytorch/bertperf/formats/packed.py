@@ -39,6 +39,7 @@ import numpy as np
 
 from bertperf.errors import UserError
 from bertperf.formats import detect
+from bertperf.formats.hdf5 import read_datasets
 from bertperf.formats.samples import Samples, id_dtype, offsets_from_lengths, ranges, same_arrays
 
 FORMAT = "bertperf-packed/1"
@@ -312,20 +313,8 @@ def read_packed(path: str | os.PathLike, datasets: tuple[str, ...] = FIELDS) -> 
     `datasets` may leave out input_ids, b_starts, mlm_ids and nsp (empty arrays stand in, and the
     checks that need them are skipped): `stats` reads only what it counts."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
     meta = packed_meta(path)
-    try:
-        with h5py.File(path, "r") as f:
-            missing = [k for k in FIELDS if k not in f]
-            if missing:
-                raise UserError(f"{path}: missing dataset(s) {', '.join(missing)}")
-            packed = Packed(*(f[k][()] if k in datasets else np.zeros(0, dtype=f[k].dtype)
-                              for k in FIELDS))
-    except UserError:
-        raise
-    except (OSError, KeyError, ValueError) as exc:
-        raise UserError(f"{path}: truncated or corrupt packed file ({exc})") from None
+    packed = Packed(**read_datasets(path, FIELDS, f"a {FORMAT} shard", only=datasets))
     check(path, packed, meta, full=set(FIELDS) <= set(datasets), tokens=meta["tokens"])
     return packed, meta
 

@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 from bertperf.errors import UserError
+from bertperf.formats.hdf5 import read_datasets
 from bertperf.formats.samples import PADDED_FIELDS as DATASETS
 from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import check as check_unpadded
@@ -56,18 +57,7 @@ def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
 def read_samples(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Read and check a padded sample file; any damage is a UserError naming the file."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    try:
-        with h5py.File(path, "r") as f:
-            missing = [k for k in DATASETS if k not in f]
-            if missing:
-                raise UserError(f"{path}: not a sample file, missing dataset(s) {', '.join(missing)}")
-            arrays = {k: f[k][()] for k in DATASETS}
-    except UserError:
-        raise
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise UserError(f"{path}: truncated or corrupt HDF5 file ({exc})") from None
+    arrays = read_datasets(path, DATASETS, "a padded sample file")
     check_samples(path, arrays)
     return arrays
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from bertperf.errors import UserError
 from bertperf.formats import detect
+from bertperf.formats.hdf5 import read_datasets
 from bertperf.formats.samples import Samples
 
 FORMAT = "bertperf-unpadded/1"
@@ -57,19 +58,8 @@ def shard_meta(path: str | os.PathLike) -> dict:
 def read_shard(path: str | os.PathLike) -> tuple[Samples, dict]:
     """Read and check a whole shard; any inconsistency is a UserError naming the file."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such shard")
     meta = shard_meta(path)
-    try:
-        with h5py.File(path, "r") as f:
-            missing = [k for k in FIELDS if k not in f]
-            if missing:
-                raise UserError(f"{path}: missing dataset(s) {', '.join(missing)}")
-            samples = Samples(*(f[k][()] for k in FIELDS))
-    except UserError:
-        raise
-    except (OSError, KeyError, ValueError) as exc:
-        raise UserError(f"{path}: truncated or corrupt shard ({exc})") from None
+    samples = Samples(**read_datasets(path, FIELDS, f"a {FORMAT} shard"))
     check(path, samples, meta["max_seq_length"], meta["max_predictions_per_seq"])
     return samples, meta
 
