@@ -158,6 +158,6 @@ def test_files_it_did_not_write_are_never_replaced(tmp_path):
     run = run_cli(["--dict", str(db), "--output", str(out)])
     assert run.returncode == 1
     assert run.stderr.strip() == (f"bertperf: error: {out / 'AA' / 'wiki_00'}: exists and was not "
-                                  "written by prep dictd; choose another --output")
+                                  "written by prep dictd; choose another --output or remove the file")
     assert tree(out) == ["AA/wiki_00"]
     assert (out / "AA" / "wiki_00").read_text() == "real WikiExtractor text\n"

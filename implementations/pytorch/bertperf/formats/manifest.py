@@ -125,7 +125,7 @@ def own_outputs(folder: str | os.PathLike, stage: str, names: Sequence[str]) -> 
     clash = [name for name in names if (folder / name).exists() and name not in earlier]
     if clash:
         raise UserError(f"{folder / clash[0]}: exists and was not written by prep {stage}; "
-                        "choose another --output")
+                        "choose another --output or remove the file")
     return earlier
 
 
