@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from tests.e2e.test_launch import ROOT, config_env
+from tests.e2e.test_launch import CONFIG, ROOT
 from tests.e2e.test_train_compliance import PYTHONPATH, checker, events
+from tests.unit.test_scripts import LAUNCH_VARS, config_env
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +36,8 @@ def test_prepare_demo_and_a_short_demo_run(tmp_path):
     assert "12014 articles" in prep.stdout and "verify: " in prep.stdout
     assert "0 problem(s)" in prep.stdout
 
-    run_env = {**{k: v for k, v in os.environ.items()
-                  if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")},
-               **config_env(), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH,
+    run_env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS},
+               **config_env(CONFIG), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH,
                "DATADIR_PHASE2": str(out / "unpadded"),
                "EVAL_FILE": str(out / "hdf5" / "eval" / "eval_10k.hdf5"),
                "LOGDIR": str(tmp_path / "results"), "SEED": "1", "CLEAR_CACHES": "0",
