@@ -12,6 +12,7 @@ import pytest
 
 from bertperf.errors import UserError
 from bertperf.train.dist import FollowOnError
+from bertperf.train import launch
 from bertperf.train.launch import failure_line, reported_to_launcher
 
 ERROR_FILES = itertools.count()
@@ -25,7 +26,7 @@ def failure(tmp_path, monkeypatch, local_rank: int, exitcode: int,
     error_file = tmp_path / f"error_{next(ERROR_FILES)}.json"
     if error is not None:
         monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
-        with pytest.raises(type(error)), reported_to_launcher():
+        with pytest.raises(type(error)), reported_to_launcher(under_launcher=False):
             raise error
         monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
     return ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode,
@@ -55,10 +56,32 @@ def test_a_rank_error_is_quoted(tmp_path, monkeypatch):
     assert failure_line({0: silent}) == "rank 0 (local rank 0, pid 1000) exited with status 2"
 
 
+def test_the_launcher_stopping_the_rank_at_fault_does_not_hide_it(tmp_path, monkeypatch):
+    """Both ranks fail the data check together: rank 0's FollowOnError, while rank 1, with its
+    own error, gets the launcher's SIGTERM (said, or before it could say anything): rank 1."""
+    follow = failure(tmp_path, monkeypatch, 0, 1,
+                     FollowOnError("rank 0: data check failed on another rank (see its error)"))
+    said = failure(tmp_path, monkeypatch, 1, -signal.SIGTERM,
+                   UserError("rank 1: part_1.h5: md5 mismatch"))
+    assert failure_line({0: follow, 1: said}) == ("rank 1 (local rank 1, pid 1001) failed: rank 1: "
+                                                  "part_1.h5: md5 mismatch (then SIGTERM)")
+    unsaid = failure(tmp_path, monkeypatch, 1, -signal.SIGTERM)
+    assert failure_line({0: follow, 1: unsaid}) == "rank 1 (local rank 1, pid 1001) died: SIGTERM"
+
+
+def test_a_follower_waits_under_a_launcher(monkeypatch):
+    waits = []
+    monkeypatch.setattr(launch.time, "sleep", waits.append)
+    for under, error in itertools.product((False, True), (UserError("x"), FollowOnError("y"))):
+        with pytest.raises(type(error)), reported_to_launcher(under_launcher=under):
+            raise error
+    assert waits == [launch.FOLLOWER_GRACE_S]
+
+
 def test_outside_a_launcher_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError), reported_to_launcher():
+    with pytest.raises(UserError), reported_to_launcher(under_launcher=False):
         raise UserError("x")
     assert list(tmp_path.iterdir()) == []
 

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load(process_environment(), flags)
     from bertperf.train.checks import check_run
     from bertperf.train.launch import reported_to_launcher
-    with reported_to_launcher():
+    with reported_to_launcher(under_launcher=cfg.dist.launcher_store):
         check_run(cfg)
         if args.check:
             print(f"train --check: OK: global batch {cfg.global_batch_size} "

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from typing import Iterator, Mapping
 
@@ -40,33 +41,51 @@ def _reported(failure) -> str:
     return message.get("message", "") if isinstance(message, dict) else ""
 
 
-def failure_line(failures: Mapping[int, object]) -> str:
-    """One line on the failure that came first among `failures` ({global rank: torch's
-    ProcessFailure}): failures that follow another's (FollowOnError, or the SIGTERM the launcher
-    sends the other ranks) rank after the rest, then the launcher's order (earliest first)."""
+FOLLOWER_GRACE_S = 2.0
+"""How long a rank whose failure only follows another's waits before it exits under a launcher,
+so that the launcher hears first from the rank that caused it (the launcher stops every other
+rank, with SIGTERM, as soon as one exits)."""
+
+
+def _blame(failure) -> int:
+    """0: the failure's own cause (its own error, or death by a signal other than the launcher's
+    SIGTERM); 1: stopped by the launcher's SIGTERM before it said anything; 2: a FollowOnError."""
     from bertperf.train.dist import FollowOnError
 
-    def follows(failure) -> bool:
-        return failure.exitcode == -signal.SIGTERM or \
-            _reported(failure).startswith(f"{FollowOnError.__name__}: ")
+    said = _reported(failure)
+    if said.startswith(f"{FollowOnError.__name__}: "):
+        return 2
+    return 1 if not said and failure.exitcode == -signal.SIGTERM else 0
 
-    rank, failure = min(failures.items(), key=lambda item: (follows(item[1]), item[1].timestamp))
+
+def failure_line(failures: Mapping[int, object]) -> str:
+    """One line on the failure that caused the others among `failures` ({global rank: torch's
+    ProcessFailure}): a rank's own error or death first, then ranks the launcher stopped, then
+    the FollowOnErrors; within each, the launcher's order (earliest first)."""
+    rank, failure = min(failures.items(), key=lambda item: (_blame(item[1]), item[1].timestamp))
     who = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
-    if failure.exitcode < 0:
-        return f"{who} died: {failure.signal_name()}"
     said = _reported(failure).split(": ", 1)[-1]
-    return f"{who} exited with status {failure.exitcode}" + (f": {said}" if said else "")
+    if failure.exitcode >= 0:
+        return f"{who} exited with status {failure.exitcode}" + (f": {said}" if said else "")
+    if said:
+        return f"{who} failed: {said} (then {failure.signal_name()})"
+    return f"{who} died: {failure.signal_name()}"
 
 
 @contextlib.contextmanager
-def reported_to_launcher() -> Iterator[None]:
+def reported_to_launcher(under_launcher: bool) -> Iterator[None]:
     """On a rank: a one-line error raised inside also goes to the error file the launcher gave
-    this rank, if any (nothing is written outside `launch` and torchrun)."""
+    this rank, if any (nothing is written outside `launch` and torchrun). Under a launcher, a
+    rank whose failure only follows another's (FollowOnError) waits FOLLOWER_GRACE_S first."""
+    from bertperf.train.dist import FollowOnError
+
     try:
         yield
     except (UserError, OSError) as exc:
         from torch.distributed.elastic.multiprocessing.errors import get_error_handler
         get_error_handler().record_exception(exc)
+        if under_launcher and isinstance(exc, FollowOnError):
+            time.sleep(FOLLOWER_GRACE_S)
         raise
 
 
