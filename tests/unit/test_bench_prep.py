@@ -3,6 +3,7 @@ TensorFlow stand-in by a script that uses the same TF 1.x calls as the reference
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 
 from bertperf.__main__ import main
 from bertperf.bench.prep import STUB
+from bertperf.model.tf_checkpoint import crc32c_numpy
 
 ARTICLE = ('<doc id="{i}" url="u" title="T{i}">\nT{i}\n\n'
            "The first sentence of article {i} is here. It has a second sentence too.\n"
@@ -48,8 +50,13 @@ if __name__ == "__main__":
 '''
 
 
+def masked_crc(data: bytes) -> bytes:
+    """TFRecord's masked crc32c, from the project's own crc32c (model.tf_checkpoint)."""
+    crc = crc32c_numpy(data)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
 def test_tf_stand_in_runs_a_tf1_script(tmp_path):
-    pytest.importorskip("absl", reason="the reference row needs absl-py (pip install absl-py)")
     (tmp_path / "in.txt").write_text("a\nb\nc\n")
     (tmp_path / "ref.py").write_text(FAKE_REFERENCE)
     run = subprocess.run([sys.executable, "ref.py", "--input_file=in.txt", "--output_file=o",
@@ -57,6 +64,15 @@ def test_tf_stand_in_runs_a_tf1_script(tmp_path):
                          capture_output=True, env={"PYTHONPATH": str(STUB)})
     assert run.returncode == 0, run.stderr
     assert "Wrote 3 total instances" in run.stderr
+    records, data = [], (tmp_path / "o").read_bytes()  # TFRecord framing around each Example
+    while data:
+        n = struct.unpack("<Q", data[:8])[0]
+        assert data[8:12] == masked_crc(data[:8])
+        assert data[12 + n:16 + n] == masked_crc(data[12:12 + n])
+        records.append(data[12:12 + n])
+        data = data[16 + n:]
+    # Example{features{feature{"x": Feature{int64_list{value: [1, 2]}}}}}, encoded by hand
+    assert records == [bytes.fromhex("0a0d0a0b0a017812061a040a020102")] * 3
 
 
 def test_bench_prep_prints_its_table(tmp_path, capsys, vocab_file):

@@ -327,13 +327,15 @@ def test_whitespace_is_a_hard_boundary(small_vocab):
                 assert ref.tokenize(a + sep + b) == ref.tokenize(a) + ref.tokenize(b), repr((a, sep, b))
 
 
-def test_skipped_code_points_cannot_matter():
-    """The Unicode tables skip planes 4-13 and 15-16: every code point there must be Cn or Co."""
-    import unicodedata
+def test_tables_fill_per_code_point():
+    """The translate tables classify a code point when a text first holds it, and keep it."""
+    from bertperf.prep.samples.tokenization import _Tables
 
-    from bertperf.prep.samples.tokenization import _scanned_code_points
-
-    scanned = set(_scanned_code_points())
-    others = [cp for cp in range(0x110000)
-              if cp not in scanned and unicodedata.category(chr(cp)) not in ("Cn", "Co")]
-    assert others == []
+    t = _Tables()
+    assert len(t.clean_map) == len(t.mn_map) == len(t.punct_map) == 0
+    assert "a\u00ad\u3000b\x00\ufffd\t".translate(t.clean_map) == "a b "
+    assert "e\u0301\u0300x".translate(t.mn_map) == "ex"
+    assert "a\u00bfb,c\u2014".translate(t.punct_map).split() == ["a", "\u00bf", "b", ",", "c",
+                                                                   "\u2014"]
+    assert t.clean_map[0xAD] is None and t.clean_map[ord("a")] == ord("a")
+    assert len(t.clean_map) == 7

@@ -8,11 +8,11 @@ fresh process pinned to one core, timed from start to exit (interpreter start, i
 and Unicode tables included, as a user runs it); the median of --repeat runs is shown:
 
   reference        the reference script itself, `--input_file` = all parts, one output file,
-                   under the TensorFlow stand-in of bench/tf_stub (needs `pip install absl-py
-                   six`; pass --reference DIR holding create_pretraining_data.py and
-                   tokenization.py from mlcommons/training, retired_benchmarks/bert/
-                   cleanup_scripts). The stand-in's TFRecord writer only counts examples, so
-                   this row leaves out protobuf serialisation and writing, which TensorFlow adds.
+                   under the TensorFlow stand-in of bench/tf_stub, which serialises real
+                   tf.train.Example protocol buffers into a real TFRecord file (pip install
+                   'bertperf[bench]'; pass --reference DIR holding create_pretraining_data.py
+                   and tokenization.py from mlcommons/training, retired_benchmarks/bert/
+                   cleanup_scripts)
   prep create      the same command shape (`--input_file` = all parts, `--output_file`): the
                    default (C instance builder, cached Python tokenizer), `--engine python`,
                    `--tokenizer hf`
@@ -101,10 +101,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{args.reference}: no {', '.join(missing)} (--reference)")
         try:
             import absl  # noqa: F401
+            import google.protobuf  # noqa: F401
+            import google_crc32c  # noqa: F401
             import six  # noqa: F401
-        except ImportError:
-            raise UserError("bench prep --reference: the reference needs absl-py and six "
-                            "(pip install absl-py six)") from None
+        except ImportError as exc:
+            raise UserError(f"bench prep --reference: {exc.name} is missing (pip install "
+                            "'bertperf[bench]')") from None
     vocab = str(args.vocab_file or find_vocab())
     n_files = len([p for p in args.text.rglob("*") if p.is_file()])
     rows: list[tuple[str, int, list[float], int]] = []

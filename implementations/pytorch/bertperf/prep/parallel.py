@@ -66,6 +66,14 @@ def _guarded(payload: tuple[Callable, Any]) -> Any:
         return TaskFailure(f"{type(exc).__name__}: {exc}")
 
 
+def _progress_bar(total: int, desc: str, unit: str):
+    """A progress bar on a terminal; None elsewhere (tqdm is then not even imported)."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
 def run_tasks(
     fn: Callable[[Any], Any],
     tasks: Sequence[Any],
@@ -83,21 +91,23 @@ def run_tasks(
     world = world or World()
     mine = list(range(world.rank, len(tasks), world.size))
     results: dict[int, Any] = {}
-    # progress on a terminal only (disable=None), and from rank 0 only
-    bar = tqdm(total=len(mine), desc=desc, unit=unit, disable=True if world.rank or not mine else None,
-               file=sys.stderr, dynamic_ncols=True)
+    # progress on a terminal only, and from rank 0 only
+    bar = _progress_bar(len(mine), desc, unit) if world.rank == 0 and mine else None
     if workers <= 1 or len(mine) <= 1:
         for i in mine:
             results[i] = _guarded((fn, tasks[i]))
-            bar.update()
+            if bar is not None:
+                bar.update()
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(min(workers, len(mine))) as pool:
             it = pool.imap(_guarded, [(fn, tasks[i]) for i in mine], chunksize=1)
             for i, res in zip(mine, it):
                 results[i] = res
-                bar.update()
-    bar.close()
+                if bar is not None:
+                    bar.update()
+    if bar is not None:
+        bar.close()
     merged: dict[int, Any] = {}
     for part in world.allgather(results):
         merged.update(part)

@@ -68,7 +68,7 @@ import unicodedata
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from bertperf.errors import UserError
 
@@ -147,7 +147,7 @@ def vocab_md5_warning(path: str | os.PathLike) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Unicode tables of the running Python (computed once, ~0.2 s)
+# Unicode tables of the running Python, filled per code point as characters are met
 # ----------------------------------------------------------------------------------------------------
 
 # CJK ranges of the reference `_is_chinese_char` (it includes U+2B820-U+2CEAF, HF does not).
@@ -157,61 +157,57 @@ _CJK_RANGES = (
 )
 
 
-def _char_class(cps: Iterable[int]) -> str:
-    """A regex character-class body ("a-zé…") matching exactly the given code points."""
-    out = []
-    run_start = prev = None
-    for cp in sorted(set(cps)):
-        if prev is not None and cp == prev + 1:
-            prev = cp
-            continue
-        if run_start is not None:
-            out.append(_class_run(run_start, prev))
-        run_start = prev = cp
-    if run_start is not None:
-        out.append(_class_run(run_start, prev))
-    return "".join(out)
-
-
 def _class_run(lo: int, hi: int) -> str:
     esc = lambda cp: "\\U%08x" % cp  # noqa: E731  (escapes keep the pattern ASCII and unambiguous)
     return esc(lo) if lo == hi else f"{esc(lo)}-{esc(hi)}"
 
 
-def _scanned_code_points() -> list[int]:
-    """The code points whose categories can matter: all of them, minus planes 4-13 (unassigned, Cn)
-    and 15-16 (private use, Co, and noncharacters) when the running Unicode is at most 15.1, where
-    that holds. The tables only collect Cc, Cf, Zs, Mn and P*, so skipping Cn/Co changes nothing,
-    and the scan is 3.4x shorter (it runs once per worker process)."""
-    major, minor = (int(x) for x in unicodedata.unidata_version.split(".")[:2])
-    if (major, minor) > (15, 1):
-        return list(range(0x110000))
-    return [*range(0x40000), *range(0xE0000, 0xF0000)]
+def _clean(cp: int, category: str) -> int | str | None:
+    """_clean_text: U+0000, U+FFFD and Cc/Cf (but \\t \\n \\r) are dropped; \\t, \\n, \\r and Zs
+    become " "."""
+    if cp in (9, 10, 13) or (category == "Zs" and cp != 0x20):
+        return " "
+    if cp in (0, 0xFFFD) or category in ("Cc", "Cf"):
+        return None
+    return cp
+
+
+def _strip_mark(cp: int, category: str) -> int | None:
+    """_run_strip_accents after NFD: Mn is dropped."""
+    return None if category == "Mn" else cp
+
+
+def _space_punctuation(cp: int, category: str) -> int | str:
+    """_run_split_on_punc: a punctuation character (ASCII 33-47, 58-64, 91-96, 123-126, or any P*
+    category) becomes a piece of its own; spaced out, str.split() then cuts it off."""
+    ascii_punct = 33 <= cp <= 126 and not chr(cp).isalnum()
+    return f" {chr(cp)} " if ascii_punct or category[0] == "P" else cp
+
+
+class _TranslateTable(dict):
+    """A str.translate table that fills itself: the first lookup of a code point computes its entry
+    from its Unicode category (`rule`) and keeps it, so only the characters a text holds are ever
+    classified (a scan of all code points took about 0.15 s of every process's start-up)."""
+
+    def __init__(self, rule) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def __missing__(self, cp: int):
+        value = self[cp] = self.rule(cp, unicodedata.category(chr(cp)))
+        return value
 
 
 class _Tables:
     """Per-character behaviour of the reference, from `unicodedata` of the running Python."""
 
     def __init__(self) -> None:
-        cps = _scanned_code_points()
-        cats = dict(zip(cps, map(unicodedata.category, map(chr, cps))))
-        # _clean_text: U+0000, U+FFFD and Cc/Cf (but \t \n \r) are dropped; " ", \t, \n, \r and Zs -> " ".
-        drop = [cp for cp, c in cats.items() if c in ("Cc", "Cf") and cp not in (9, 10, 13)]
-        drop += [0, 0xFFFD]
-        space = [9, 10, 13] + [cp for cp, c in cats.items() if c == "Zs" and cp != 0x20]
-        self.clean_map = {cp: None for cp in drop}
-        self.clean_map.update({cp: " " for cp in space})
-        self.clean_re = re.compile(f"[{_char_class(self.clean_map)}]")
+        self.clean_map = _TranslateTable(_clean)
         # Words come from str.split() as in the reference: besides " " it splits on U+2028/U+2029 (Zl/Zp,
         # kept by _clean_text); \x0b \x0c \x1c-\x1f \x85 are Cc, so dropped before the split.
         self.cjk_re = re.compile(f"[{''.join(_class_run(lo, hi) for lo, hi in _CJK_RANGES)}]")
-        # _run_strip_accents: NFD then drop Mn.
-        self.mn_map = {cp: None for cp, c in cats.items() if c == "Mn"}
-        # _is_punctuation: ASCII 33-47, 58-64, 91-96, 123-126, and any P* category.
-        punct = [cp for cp in range(128) if not chr(cp).isalnum() and 33 <= cp <= 126]
-        punct += [cp for cp, c in cats.items() if c[0] == "P"]
-        cls = _char_class(punct)
-        self.punct_split_re = re.compile(f"[{cls}]|[^{cls}]+")
+        self.mn_map = _TranslateTable(_strip_mark)
+        self.punct_map = _TranslateTable(_space_punctuation)
         self.ascii_drop_re = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
         self.ascii_punct_split_re = re.compile(r"[!-/:-@\[-`{-~]|[^!-/:-@\[-`{-~]+")
 
@@ -263,8 +259,7 @@ class ReferenceTokenizer:
             if t.ascii_drop_re.search(text):
                 text = text.translate(t.clean_map)
             return text.split()  # \t \n \r split like the " " that _clean_text makes of them
-        if t.clean_re.search(text):
-            text = text.translate(t.clean_map)
+        text = text.translate(t.clean_map)
         if t.cjk_re.search(text):
             text = t.cjk_re.sub(r" \g<0> ", text)
         # str.split() also splits on U+2028/U+2029 (kept by _clean_text): the reference splits the same way.
@@ -314,7 +309,7 @@ class ReferenceTokenizer:
             if self.do_lower_case:
                 word = unicodedata.normalize("NFD", word.lower()).translate(t.mn_map)
             # _run_split_on_punc, then the second whitespace_tokenize(" ".join(...)).
-            pieces = [p for part in t.punct_split_re.findall(word) for p in part.split()]
+            pieces = word.translate(t.punct_map).split()
         vocab = self.vocab
         out: list[str] = []
         for piece in pieces:
