@@ -26,7 +26,6 @@ Every row must produce the same number of samples; a difference is reported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from bertperf.benchmark import CREATE_FLAGS
 from bertperf.errors import UserError
+from bertperf.formats import manifest
 from bertperf.resources import find_vocab
 
 STUB = Path(__file__).resolve().parent / "tf_stub"
@@ -80,8 +80,7 @@ def bertperf(*args: str) -> list[str]:
 
 
 def manifest_samples(folder: Path) -> int:
-    doc = json.loads((folder / "MANIFEST.json").read_text())
-    return sum(e["samples"] or 0 for e in doc["files"].values())
+    return sum(e.samples or 0 for e in manifest.load(folder).values())
 
 
 def reference_samples(stderr: str) -> int:
