@@ -3,8 +3,10 @@ sequence i = rows cu_seqlens[i]:cu_seqlens[i+1]; a token attends only to the tok
 sequence, with no mask and no padding (NVIDIA: `--unpad_fmha`, fmhalib on packed QKV).
 
 Every function takes q, k, v of shape [T, H, D] and returns [T, H, D]; cu_seqlens is [S+1]
-int32, ascending, cu_seqlens[0] = 0, cu_seqlens[-1] = T, no empty sequence; max_seqlen is the
-longest length (a Python int: the CUDA kernels size their grids with it, without a host sync);
+int32, non-decreasing, cu_seqlens[0] = 0, cu_seqlens[-1] = T; a repeated offset is an empty
+sequence (a fixed-shape batch pads its sequence count with them), which changes nothing for the
+others. max_seqlen is a Python int no smaller than the longest length: the CUDA kernels size
+their grids with it, without a host sync, so a fixed bound (512) keeps every shape constant.
 scale defaults to 1 / sqrt(D); dropout_p is applied to the attention probabilities.
 """
 
