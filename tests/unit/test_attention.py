@@ -4,12 +4,21 @@ tests/gpu/test_kernels_gpu.py)."""
 
 from __future__ import annotations
 
+import importlib
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from bertperf.kernels import (varlen_attention, varlen_attention_padded,
-                              varlen_attention_reference, varlen_attention_sdpa)
+from bertperf.kernels import (flash_supported, varlen_attention, varlen_attention_flash,
+                              varlen_attention_padded, varlen_attention_reference)
+
+# the module (the package's attribute of that name is the function)
+attention = importlib.import_module("bertperf.kernels.varlen_attention")
 
 F64 = dict(dtype=torch.float64)
 LENGTHS = [1, 7, 3, 16, 2]
@@ -68,14 +77,6 @@ def test_varlen_sequences_are_independent():
                                                                         one, e - s))
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("lengths", [LENGTHS, [16, 16], [1, 1, 1]])
-def test_varlen_sdpa_matches_reference(lengths):
-    (q, k, v), cu, m = qkv_for(lengths, seed=len(lengths))
-    assert_same_fwd_bwd(lambda *a: varlen_attention_sdpa(*a, cu, m),
-                        lambda *a: varlen_attention_reference(*a, cu, m), [q, k, v])
-
-
 @pytest.mark.parametrize("lengths", [LENGTHS, [16, 16], [1, 1, 1], [5]])
 def test_varlen_padded_matches_reference(lengths):
     (q, k, v), cu, m = qkv_for(lengths, seed=len(lengths))
@@ -88,7 +89,7 @@ def test_varlen_attention_on_cpu_is_the_padded_path():
     assert torch.equal(varlen_attention(q, k, v, cu, m), varlen_attention_padded(q, k, v, cu, m))
 
 
-# ---- empty sequences and a fixed max_seqlen ----------------------------------------------------
+# ---- empty sequences, a fixed max_seqlen, the model's q/k/v layout ----------------------------
 
 WITH_EMPTY = [0, 7, 0, 0, 3, 16, 0, 2, 1, 0]  # LENGTHS' tokens, empty sequences around them
 
@@ -105,17 +106,90 @@ def test_empty_sequences_and_a_larger_max_seqlen_change_nothing(path, max_seqlen
                         lambda *a: varlen_attention_reference(*a, cu, m, scale=0.3), [q, k, v])
 
 
-def test_only_empty_sequences():
-    (q, k, v) = leaves(*[(0, H, D)] * 3)
-    for path in (varlen_attention_reference, varlen_attention_padded):
-        out = path(q, k, v, offsets([0, 0, 0]), 512)
-        assert out.shape == (0, H, D)
-        assert all(g.shape == (0, H, D) for g in torch.autograd.grad(out.sum(), (q, k, v),
-                                                                     allow_unused=True)
-                   if g is not None)
+def model_qkv(lengths: list[int], heads: int = H, dim: int = D, seed: int = 0,
+              device: str = "cpu", dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The projection BertSelfAttention makes, [T, 3, H, D] (a leaf here)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(sum(lengths), 3, heads, dim, generator=g, dtype=torch.float64) \
+        .to(device, dtype).requires_grad_()
+
+
+def views(qkv: torch.Tensor) -> list[torch.Tensor]:
+    """q, k, v as BertSelfAttention passes them: strided views of the projection."""
+    return [qkv[:, 0], qkv[:, 1], qkv[:, 2]]
+
+
+@pytest.mark.parametrize("path", [varlen_attention_padded, varlen_attention],
+                         ids=lambda f: f.__name__)
+def test_model_layout_matches_reference(path):
+    cu = offsets(WITH_EMPTY)
+    assert_same_fwd_bwd(lambda x: path(*views(x), cu, 512),
+                        lambda x: varlen_attention_reference(*views(x), cu, 512),
+                        [model_qkv(WITH_EMPTY)])
 
 
 # ---- dropout -----------------------------------------------------------------------------------
+
+def keep_mask_of(path, q: torch.Tensor, k: torch.Tensor, cu: torch.Tensor, max_seqlen: int,
+                 dropout_p: float, seed: int) -> torch.Tensor:
+    """The keep mask `path` draws after torch.manual_seed(seed), read from its output: with
+    one-hot values (v[start + j, h] = e_j) output row i of a sequence is its row of dropped-out
+    probabilities, exactly 0 where dropped. Needs D >= the longest length; returns bool
+    [S, H, L, L], L the longest length, as varlen_attention_reference takes it."""
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    total, heads, dim = q.shape
+    longest = max(lengths)
+    assert dim >= longest
+    seq = torch.repeat_interleave(torch.arange(len(lengths), device=q.device),
+                                  (cu[1:] - cu[:-1]).long())
+    position = torch.arange(total, device=q.device) - cu.long()[seq]
+    onehot = F.one_hot(position, dim).to(q.dtype)[:, None, :].expand(total, heads, dim) \
+        .contiguous()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        rows = path(q, k, onehot, cu, max_seqlen, dropout_p)
+    mask = torch.zeros(len(lengths), heads, longest, longest, dtype=torch.bool, device=q.device)
+    for i, (start, n) in enumerate(zip(cu.tolist(), lengths)):
+        mask[i, :, :n, :n] = (rows[start:start + n, :, :n] != 0).transpose(0, 1)
+    return mask
+
+
+DROP_LENGTHS = [16, 0, 5, 11, 0, 1, 16, 9]
+
+
+@pytest.mark.parametrize("path", [varlen_attention_padded, varlen_attention_reference],
+                         ids=lambda f: f.__name__)
+def test_dropout_is_the_reference_with_the_mask_drawn(path):
+    """A path with dropout equals, forward and backward, the reference applying the keep mask
+    that path drew (same seed); on the model's layout, with empty sequences."""
+    qkv = model_qkv(DROP_LENGTHS, heads=4, dim=16)
+    cu = offsets(DROP_LENGTHS)
+    mask = keep_mask_of(path, *views(qkv)[:2], cu, 32, 0.1, seed=7)
+
+    def with_dropout(x):
+        torch.manual_seed(7)
+        return path(*views(x), cu, 32, 0.1)
+
+    assert_same_fwd_bwd(with_dropout, lambda x: varlen_attention_reference(
+        *views(x), cu, 32, 0.1, dropout_mask=mask), [qkv])
+    assert not torch.allclose(with_dropout(qkv), varlen_attention_reference(*views(qkv), cu, 32))
+
+
+@pytest.mark.parametrize("path", [varlen_attention_padded, varlen_attention_reference],
+                         ids=lambda f: f.__name__)
+def test_dropout_keep_rate(path):
+    """About 1 - p of the probabilities are kept (n = 10,000 here: 5 standard deviations =
+    0.015), each sequence and head with its own mask."""
+    lengths = [16, 16, 16, 16, 12, 9]
+    qkv = model_qkv(lengths, heads=8, dim=16)
+    cu = offsets(lengths)
+    mask = keep_mask_of(path, *views(qkv)[:2], cu, 16, 0.1, seed=3)
+    real = torch.zeros_like(mask)
+    for i, n in enumerate(lengths):
+        real[i, :, :n, :n] = True
+    assert abs(mask[real].double().mean().item() - 0.9) < 0.015
+    assert not torch.equal(mask[0], mask[1]) and not torch.equal(mask[0, 0], mask[0, 1])
+
 
 def test_varlen_padded_dropout_keeps_sequences_apart():
     """With dropout the padded path still mixes only a sequence's own tokens, and dropout acts
@@ -140,3 +214,162 @@ def test_varlen_reference_dropout():
     b = varlen_attention_reference(q, k, v, cu, m, dropout_p=0.5)
     assert torch.equal(a, b)
     assert not torch.allclose(a, varlen_attention_reference(q, k, v, cu, m))
+
+
+# ---- the flash path without a GPU: meta and fake CUDA tensors ----------------------------------
+# The numbers (flash against the reference, its dropout) are in tests/gpu/test_kernels_gpu.py.
+
+T_META, H_META, D_META = 300, 4, 64
+
+
+def meta_batch(dtype: torch.dtype = torch.bfloat16, seqs: int = 8):
+    qkv = torch.empty(T_META, 3, H_META, D_META, device="meta", dtype=dtype, requires_grad=True)
+    return qkv, torch.empty(seqs + 1, device="meta", dtype=torch.int32)
+
+
+class OpLog(TorchDispatchMode):
+    """Every op that reaches dispatch, with its arguments and results."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        self.calls.append((func, args, kwargs or {}, result))
+        return result
+
+    def called(self, op):
+        return [c for c in self.calls if c[0] is op]
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    """Any read of a tensor's value on the host (a device sync on CUDA) raises."""
+    def refuse(*_, **__):
+        raise AssertionError("a tensor's value was read on the host")
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+def test_flash_on_meta_plumbing(no_host_reads):
+    """Forward + backward with dropout on the model's layout: the strided q/k/v views reach the
+    kernel uncopied, the output is [T, H, D] bf16, the backward is the op's, and it gets the
+    forward's rng_state, max_seqlen, dropout_p and scale; no value is read on the host."""
+    qkv, cu = meta_batch()
+    with OpLog() as log:
+        out = varlen_attention_flash(*views(qkv), cu, 512, 0.1)
+        assert (out.shape, out.dtype) == ((T_META, H_META, D_META), torch.bfloat16)
+        assert "varlen_flash_attention" in type(out.grad_fn).__name__
+        out.float().sum().backward()
+    assert qkv.grad.shape == qkv.shape
+    [(_, fwd_args, _, fwd_out)] = log.called(torch.ops.bertperf.varlen_flash_attention.default)
+    q, k, v, cu_arg, max_seqlen, dropout_p, scale = fwd_args
+    assert all(x.stride() == views(qkv)[0].stride() for x in (q, k, v))
+    assert (cu_arg.dtype, max_seqlen, dropout_p, scale) == (torch.int32, 512, 0.1, D_META ** -0.5)
+    backward = torch.ops.aten._flash_attention_backward.default
+    [(_, bwd_args, bwd_kwargs, grads)] = log.called(backward)
+    assert bwd_args[6] is cu_arg and bwd_args[7] is cu_arg
+    assert bwd_args[8:12] == (512, 512, 0.1, False)
+    assert bwd_args[12] is fwd_out[2] and bwd_args[13] is fwd_out[3]  # the forward's rng state
+    assert bwd_kwargs["scale"] == D_META ** -0.5
+    assert [g.shape for g in grads] == [(T_META, H_META, D_META)] * 3
+    assert not log.called(torch.ops.aten.zeros.default)  # no gradients made for lse or rng
+
+
+def test_flash_takes_half_precision_only():
+    qkv, cu = meta_batch(torch.float32)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        varlen_attention_flash(*views(qkv), cu, 512)
+
+
+def test_flash_op_passes_opcheck():
+    q, k, v = (torch.empty(T_META, H_META, D_META, device="meta", dtype=torch.float16)
+               for _ in range(3))
+    cu = torch.empty(9, device="meta", dtype=torch.int32)
+    torch.library.opcheck(attention.flash_forward, (q, k.requires_grad_(), v, cu, 512, 0.1, 0.125))
+
+
+def test_flash_fake_matches_the_aten_op():
+    """The op's fake outputs (what torch.compile traces with) have the aten op's shapes, dtypes,
+    strides and devices on (fake) CUDA tensors."""
+    with FakeTensorMode():
+        qkv = torch.empty(T_META, 3, H_META, D_META, device="cuda", dtype=torch.bfloat16)
+        q, k, v = qkv.unbind(1)
+        cu = torch.empty(9, device="cuda", dtype=torch.int32)
+        ours = attention.flash_forward(q, k, v, cu, 512, 0.1, 0.125)
+        aten = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 512, 512, 0.1, False,
+                                                      False, scale=0.125)[:4]
+    for a, b in zip(ours, aten, strict=True):
+        assert (a.shape, a.dtype, a.stride(), a.device) == (b.shape, b.dtype, b.stride(), b.device)
+
+
+def bert_self_attention(x, weight, bias, cu_seqlens, max_seqlen):
+    """BertSelfAttention's forward with the flash path, summed."""
+    qkv = F.linear(x, weight, bias).view(x.shape[0], 3, H_META, D_META)
+    ctx = varlen_attention_flash(*views(qkv), cu_seqlens, max_seqlen, 0.1)
+    return ctx.reshape(x.shape).float().sum()
+
+
+def test_flash_compiles_to_one_graph():
+    """torch.compile(fullgraph=True) traces the layer with the flash op as one graph, forward
+    and backward; new batches of the same shapes reuse it, and only a new max_seqlen (a
+    specialised int) compiles again, which is why the batches keep it fixed."""
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(bert_self_attention, backend=counter, fullgraph=True)
+    hidden = H_META * D_META
+    for max_seqlen in (512, 512, 512, 256):
+        x, weight, bias = (torch.empty(*shape, device="meta", dtype=torch.bfloat16,
+                                       requires_grad=True)
+                           for shape in ((T_META, hidden), (3 * hidden, hidden), (3 * hidden,)))
+        compiled(x, weight, bias, meta_batch()[1], max_seqlen).backward()
+        assert x.grad.shape == x.shape and weight.grad.shape == weight.shape
+    assert counter.frame_count == 2
+
+
+def test_dispatch(monkeypatch):
+    """varlen_attention takes the flash path for CUDA fp16/bf16 with a head size it accepts on
+    sm80+, with or without dropout, and the padded path for anything else."""
+    taken = []
+    monkeypatch.setattr(attention, "varlen_attention_flash", lambda *a: taken.append("flash"))
+    monkeypatch.setattr(attention, "varlen_attention_padded", lambda *a: taken.append("padded"))
+    major = 8
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(major=major))
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    cases = [("cuda", bf16, 64, 0.1, "flash"), ("cuda", fp16, 64, 0.0, "flash"),
+             ("cuda", bf16, 256, 0.1, "flash"), ("cuda", fp32, 64, 0.1, "padded"),
+             ("cuda", bf16, 12, 0.1, "padded"), ("cuda", bf16, 264, 0.1, "padded"),
+             ("cpu", bf16, 64, 0.1, "padded"), ("cpu", torch.float64, 64, 0.1, "padded")]
+    with FakeTensorMode():
+        for device, dtype, dim, p, path in cases:
+            q = torch.empty(T_META, H_META, dim, device=device, dtype=dtype)
+            cu = torch.empty(9, device=device, dtype=torch.int32)
+            varlen_attention(q, q, q, cu, 512, p)
+            assert taken.pop() == path, (device, dtype, dim, p)
+            assert flash_supported(q) == (path == "flash")
+        major = 7
+        varlen_attention(torch.empty(T_META, H_META, 64, device="cuda", dtype=torch.float16),
+                         *[torch.empty(T_META, H_META, 64, device="cuda", dtype=torch.float16)] * 2,
+                         torch.empty(9, device="cuda", dtype=torch.int32), 512)
+        assert taken.pop() == "padded"
+
+
+# ---- the padded path: no host sync, one graph for every batch of the same shapes --------------
+
+def test_padded_reads_nothing_on_the_host(no_host_reads):
+    qkv, cu = meta_batch(torch.float32)
+    varlen_attention_padded(*views(qkv), cu, 512, 0.1).sum().backward()
+    assert qkv.grad.shape == qkv.shape
+
+
+def test_padded_compiles_once_for_batches_of_the_same_shapes():
+    """A fixed max_seqlen and sequence count: batches with other lengths (cu_seqlens contents)
+    reuse the graph and give the eager results."""
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(varlen_attention_padded, backend=counter, fullgraph=True)
+    for lengths in ([16, 0, 5, 11], [1, 30, 0, 1], [8, 8, 8, 8]):
+        qkv, cu = model_qkv(lengths), offsets(lengths)
+        torch.testing.assert_close(compiled(*views(qkv), cu, 32), varlen_attention_padded(
+            *views(qkv), cu, 32), rtol=1e-12, atol=1e-12)
+    assert counter.frame_count == 1

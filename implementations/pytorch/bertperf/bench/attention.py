@@ -1,8 +1,10 @@
 """`python -m bertperf bench attention`: forward + backward time of the variable-length attention
 paths on this machine's CPU (or CUDA with --device cuda), on batches shaped like the demo's
 (64 sequences of 128-token FOLDOC samples, 2 heads of 64) and like BERT-large's (16 heads of
-64, MLPerf-like lengths up to 512). Every path runs the same q, k, v; the table gives the
-median of --repeat timings and the ratio to the per-sequence reference."""
+64, MLPerf-like lengths up to 512), with the training's attention dropout (--dropout). Every path
+runs the same q, k, v: the per-sequence reference, the padded path, and the flash path where the
+device takes it (CUDA sm80+ in fp16/bf16: --dtype, bfloat16 by default on CUDA). The table gives
+the median of --repeat timings and the ratio to the reference."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import time
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from bertperf.kernels import (varlen_attention_padded, varlen_attention_reference,
-                              varlen_attention_sdpa)
+from bertperf.kernels import (flash_supported, varlen_attention_flash, varlen_attention_padded,
+                              varlen_attention_reference)
 
 
 SHAPES = {
@@ -27,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="default: bfloat16 on CUDA, float32 elsewhere")
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="attention dropout (training: 0.1; 0 as in evaluation)")
 
 
 def lengths_for(num: int, longest: int, gen: torch.Generator) -> torch.Tensor:
@@ -36,14 +42,14 @@ def lengths_for(num: int, longest: int, gen: torch.Generator) -> torch.Tensor:
     return torch.where(full, torch.full_like(spread, longest), spread)
 
 
-def time_path(fn, q, k, v, cu, m, repeat: int) -> float:
+def time_path(fn, q, k, v, cu, m, dropout_p: float, repeat: int) -> float:
     times = []
     for _ in range(repeat + 1):
         qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
         if q.is_cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        fn(qs, ks, vs, cu, m).sum().backward()
+        fn(qs, ks, vs, cu, m, dropout_p).float().sum().backward()
         if q.is_cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -52,22 +58,25 @@ def time_path(fn, q, k, v, cu, m, repeat: int) -> float:
 
 def run(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     paths = {"reference (per sequence)": varlen_attention_reference,
-             "padded SDPA (CPU default)": varlen_attention_padded,
-             "jagged SDPA": varlen_attention_sdpa}
-    print(f"device {args.device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"median of {args.repeat}")
+             "padded SDPA": varlen_attention_padded}
+    if flash_supported(torch.empty(1, 1, 64, device=device, dtype=dtype)):
+        paths["flash (varlen kernels)"] = varlen_attention_flash
+    print(f"device {args.device}, {dtype}, dropout {args.dropout}, torch {torch.__version__}, "
+          f"threads {torch.get_num_threads()}, median of {args.repeat}")
     print("| batch | path | ms | vs reference |\n|---|---|---|---|")
     for label, (num, longest, heads, dim) in SHAPES.items():
         lengths = lengths_for(num, longest, gen)
         cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).to(args.device)
         total, m = int(lengths.sum()), int(lengths.max())
-        q, k, v = (torch.randn(total, heads, dim, generator=gen).to(args.device)
+        q, k, v = (torch.randn(total, heads, dim, generator=gen).to(device, dtype)
                    for _ in range(3))
         base = None
         for name, fn in paths.items():
             try:
-                ms = 1000 * time_path(fn, q, k, v, cu, m, args.repeat)
+                ms = 1000 * time_path(fn, q, k, v, cu, m, args.dropout, args.repeat)
             except (RuntimeError, NotImplementedError) as exc:
                 print(f"| {label} | {name} | n/a ({str(exc).splitlines()[0][:60]}) | |")
                 continue

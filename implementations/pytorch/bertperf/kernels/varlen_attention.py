@@ -7,7 +7,12 @@ int32, non-decreasing, cu_seqlens[0] = 0, cu_seqlens[-1] = T; a repeated offset 
 sequence (a fixed-shape batch pads its sequence count with them), which changes nothing for the
 others. max_seqlen is a Python int no smaller than the longest length: the CUDA kernels size
 their grids with it, without a host sync, so a fixed bound (512) keeps every shape constant.
-scale defaults to 1 / sqrt(D); dropout_p is applied to the attention probabilities.
+scale defaults to 1 / sqrt(D); dropout_p is applied to the attention probabilities. q, k and v
+may be strided views (the model passes the three slices of one [T, 3, H, D] projection).
+
+Two paths run the model: `varlen_attention_flash` (FlashAttention's variable-length kernels, CUDA)
+and `varlen_attention_padded` (one padded SDPA: CPU, and CUDA cases the flash kernels refuse);
+`varlen_attention_reference` defines them, one sequence at a time.
 """
 
 from __future__ import annotations
@@ -15,77 +20,116 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-
-def _varlen_attn():
-    """torch.nn.attention.varlen.varlen_attn (FlashAttention's varlen kernels, torch >= 2.10;
-    dropout fixed at 0), or None. Imported on first CUDA use: the module pulls in the compiler
-    stack (seconds of start-up that CPU runs do not need)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # pragma: no cover - older torch
-        return None
-    return varlen_attn
+HALF = (torch.float16, torch.bfloat16)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                      max_seqlen: int, dropout_p: float = 0.0,
                      scale: float | None = None) -> torch.Tensor:
-    """Attention of each sequence over itself, by the fastest path for the device and arguments:
-    CUDA without dropout in fp16/bf16 -> `varlen_attention_flash`; other CUDA cases ->
-    `varlen_attention_sdpa`; any other device -> `varlen_attention_padded`."""
-    if q.is_cuda:
-        if dropout_p == 0.0 and flash_supported(q):
-            return varlen_attention_flash(q, k, v, cu_seqlens, max_seqlen, scale)
-        return varlen_attention_sdpa(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale)
+    """Attention of each sequence over itself, by the fastest path for the tensors: those the
+    flash kernels take (`flash_supported`) -> `varlen_attention_flash`, with or without dropout;
+    anything else (CPU; CUDA in fp32 outside autocast, before sm80, other head sizes) ->
+    `varlen_attention_padded`."""
+    if flash_supported(q):
+        return varlen_attention_flash(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale)
     return varlen_attention_padded(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale)
 
 
+def flash_dtype(q: torch.Tensor) -> torch.dtype | None:
+    """The dtype the flash kernels run q (and k, v) in: its own if fp16/bf16, else autocast's
+    while CUDA autocast is on in fp16/bf16 (the op has no autocast rule, so the cast is ours),
+    else None."""
+    if q.dtype in HALF:
+        return q.dtype
+    if q.is_cuda and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") in HALF:
+        return torch.get_autocast_dtype("cuda")
+    return None
+
+
 def flash_supported(q: torch.Tensor) -> bool:
-    """Whether `varlen_attention_flash` takes q (and k, v of the same kind)."""
-    return (q.is_cuda and _varlen_attn() is not None
-            and q.dtype in (torch.float16, torch.bfloat16)
+    """Whether `varlen_attention_flash` takes q (and k, v of the same kind): CUDA, sm80 or newer,
+    fp16/bf16 (or under such autocast), head size a multiple of 8 up to 256."""
+    return (q.is_cuda and flash_dtype(q) is not None
             and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
-            and torch.cuda.get_device_capability(q.device) >= (8, 0))
+            and torch.cuda.get_device_properties(q.device).major >= 8)
 
 
 def varlen_attention_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           cu_seqlens: torch.Tensor, max_seqlen: int,
+                           cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0,
                            scale: float | None = None) -> torch.Tensor:
-    """`torch.nn.attention.varlen.varlen_attn` (FlashAttention / cuDNN varlen kernels, forward
-    and backward); CUDA, fp16/bf16, no dropout."""
-    varlen_attn = _varlen_attn()
-    if varlen_attn is None:
-        raise RuntimeError("torch.nn.attention.varlen.varlen_attn needs torch >= 2.10")
-    cu = cu_seqlens.to(torch.int32)
-    return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale)
+    """FlashAttention's variable-length kernels, forward and backward, with dropout: torch's
+    `aten._flash_attention_forward` / `_flash_attention_backward` on cu_seqlens, wrapped in the
+    custom op `bertperf::varlen_flash_attention` (one node for torch.compile; the backward is
+    registered with it). CUDA sm80+, fp16/bf16; fp32 inputs under fp16/bf16 autocast are cast
+    here and the output stays in that dtype.
+
+    Dropout draws its keep mask in the kernel from the default CUDA generator (philox, safe under
+    CUDA-graph capture); the forward returns the generator state it used (rng_state) and the
+    backward regenerates the same mask from it. The kernel compares 8 random bits with
+    floor((1 - p) * 255), so it keeps a probability with chance (floor((1 - p) * 255) + 1) / 256
+    (0.8984 for p = 0.1) and scales the kept ones by 1 / (1 - p). Nothing here reads a device
+    value on the host; max_seqlen only sizes the grid (blocks past a sequence's end exit)."""
+    dtype = flash_dtype(q)
+    if dtype is None:
+        raise ValueError(f"flash attention runs in float16 or bfloat16, not {q.dtype}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    out, _, _, _ = flash_forward(q, k, v, cu_seqlens.to(torch.int32), max_seqlen,
+                                 float(dropout_p), float(scale))
+    return out
 
 
-def varlen_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0,
-                          scale: float | None = None) -> torch.Tensor:
-    """`scaled_dot_product_attention` on jagged nested tensors: one call for all sequences; on
-    CUDA it runs the flash or memory-efficient varlen kernels (with dropout), elsewhere a
-    per-sequence math path."""
-    offsets = cu_seqlens.to(torch.int64)
+@torch.library.custom_op("bertperf::varlen_flash_attention", mutates_args=(),
+                         tags=(torch.Tag.nondeterministic_seeded,))
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                  max_seqlen: int, dropout_p: float,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The output [T, H, D], the softmax log-sum-exp [H, T] (fp32) and the two rng tensors of
+    the aten op ((seed, offset) as uint64[2] and a scalar), all kept for the backward."""
+    out, lse, rng_state, rng_unused, _ = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False,
+        scale=scale)
+    return out, lse, rng_state, rng_unused
 
-    def jagged(x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [S, H, (L), D]
-        return torch.nested.nested_tensor_from_jagged(x, offsets, max_seqlen=max_seqlen) \
-            .transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), dropout_p=dropout_p,
-                                         scale=scale)
-    return out.transpose(1, 2).values()
+@flash_forward.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale):
+    # As the CUDA kernel allocates them (all on q's device).
+    return (torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32),
+            q.new_empty((2,), dtype=torch.uint64), q.new_empty((), dtype=torch.uint64))
+
+
+def _flash_setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens, max_seqlen, dropout_p, scale = inputs
+    out, lse, rng_state, rng_unused = output
+    ctx.mark_non_differentiable(lse, rng_state, rng_unused)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, cu_seqlens, out, lse, rng_state, rng_unused)
+    ctx.max_seqlen, ctx.dropout_p, ctx.scale = max_seqlen, dropout_p, scale
+
+
+def _flash_backward(ctx, grad_out, *_):
+    q, k, v, cu_seqlens, out, lse, rng_state, rng_unused = ctx.saved_tensors
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(
+        grad_out, q, k, v, out, lse, cu_seqlens, cu_seqlens, ctx.max_seqlen, ctx.max_seqlen,
+        ctx.dropout_p, False, rng_state, rng_unused, scale=ctx.scale)
+    return dq, dk, dv, None, None, None, None
+
+
+flash_forward.register_autograd(_flash_backward, setup_context=_flash_setup_context)
 
 
 def varlen_attention_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0,
                             scale: float | None = None) -> torch.Tensor:
-    """The CPU path: the sequences scattered into a zero-padded [S, H, max_seqlen, D] batch, one
-    batched `scaled_dot_product_attention` with padding keys masked out, and the real rows
-    gathered back. Costs S * max_seqlen^2 instead of sum(L^2), but runs as a few large kernels;
-    the per-sequence loop of the reference spends most of its backward zero-filling and adding
-    [T, H, D] gradients once per sequence (6 s vs 0.3 s per step of the tiny demo model)."""
+    """The sequences scattered into a zero-padded [S, H, max_seqlen, D] batch, one batched
+    `scaled_dot_product_attention` with padding keys masked out, and the real rows gathered
+    back. Costs S * max_seqlen^2 instead of sum(L^2), but runs as a few large kernels (the
+    per-sequence loop of the reference spends most of its backward zero-filling and adding
+    [T, H, D] gradients once per sequence: 6 s vs 0.3 s per step of the tiny demo model), and
+    reads nothing back to the host, so on CUDA it is the sync-free fallback where the flash
+    kernels do not apply (SDPA picks its CUDA kernel for a masked batch, memory-efficient
+    attention where it can, dropout included)."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     num_seqs, (total, heads, dim) = len(lengths), q.shape
     seq = torch.repeat_interleave(torch.arange(num_seqs, device=q.device), lengths,
@@ -105,17 +149,22 @@ def varlen_attention_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                cu_seqlens: torch.Tensor, max_seqlen: int,
-                               dropout_p: float = 0.0,
-                               scale: float | None = None) -> torch.Tensor:
-    """The definition, one sequence at a time: softmax(q k^T * scale) (dropout) v. max_seqlen is
-    not needed here."""
+                               dropout_p: float = 0.0, scale: float | None = None,
+                               dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The definition, one sequence at a time: softmax(q k^T * scale), dropout, times v.
+    dropout_mask (bool [S, H, max_seqlen, max_seqlen], True = keep) replaces the random draw:
+    sequence i keeps the probabilities where dropout_mask[i, :, :L_i, :L_i] is True and scales
+    them by 1 / (1 - dropout_p), so a path can be checked against the mask it drew. max_seqlen
+    is needed only to read the mask."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     bounds = cu_seqlens.tolist()
     outs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))  # [H, L, D]
         probs = torch.softmax(qs @ ks.transpose(1, 2) * scale, dim=-1)
-        if dropout_p > 0:
+        if dropout_p > 0 and dropout_mask is None:
             probs = F.dropout(probs, dropout_p, training=True)
+        elif dropout_p > 0:
+            probs = probs * dropout_mask[i, :, :end - start, :end - start] / (1 - dropout_p)
         outs.append((probs @ vs).transpose(0, 1))
     return torch.cat(outs) if outs else torch.empty_like(q)
