@@ -152,10 +152,10 @@ def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                dropout_p: float = 0.0, scale: float | None = None,
                                dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The definition, one sequence at a time: softmax(q k^T * scale), dropout, times v.
-    dropout_mask (bool [S, H, max_seqlen, max_seqlen], True = keep) replaces the random draw:
-    sequence i keeps the probabilities where dropout_mask[i, :, :L_i, :L_i] is True and scales
-    them by 1 / (1 - dropout_p), so a path can be checked against the mask it drew. max_seqlen
-    is needed only to read the mask."""
+    dropout_mask (bool [S, H, M, M], M >= the longest length, True = keep) replaces the random
+    draw: sequence i keeps the probabilities where dropout_mask[i, :, :L_i, :L_i] is True and
+    scales them by 1 / (1 - dropout_p), so a path can be checked against the mask it drew.
+    max_seqlen is not needed here."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     bounds = cu_seqlens.tolist()
     outs = []
