@@ -42,9 +42,9 @@ def run(monkeypatch, env: dict) -> list[float]:
     losses: list[float] = []
     real = loop.train_step
 
-    def recording(trainer, batches):
-        result = real(trainer, batches)
-        losses.append(result.loss)
+    def recording(trainer, micro):
+        result = real(trainer, micro)
+        losses.append(float(result))
         return result
 
     monkeypatch.setattr(loop, "train_step", recording)

@@ -477,3 +477,47 @@ def test_global_batch_resume_is_exact(shards, prefetch):
         ShardLoader(ds, 3, rank=1, world_size=2, seed=4).load_state_dict(state)
     with pytest.raises(UserError, match="batch_size"):
         ShardLoader(ds, 4, **kw).load_state_dict(state)
+
+
+# ---- packed batches for a fixed-shape trainer ----------------------------------------------------
+
+def test_packed_batches_keep_one_shape_and_count_themselves(packed_shards):
+    """Every packed batch of two epochs has the same shapes (B rows, L tokens, K slots, the
+    masks_per_row bound), its cu_seqlens cover the B*L tokens, and its host counts are the
+    data's: this rank's masks, sequences and tokens, and the whole global batch's sequences."""
+    import torch
+
+    from bertperf.data.collate import max_masks_per_row
+    from bertperf.model import PackedBatch
+    ds = ShardDataset(packed_shards)
+    bound = max_masks_per_row(L, 3, P, 0.15)
+    assert bound < 3 * P
+    shapes, sequences = set(), []
+    loaders = [ShardLoader(ds, 4, rank=r, world_size=2, seed=5, prefetch=0,
+                           split="global_batch", masks_per_row=bound) for r in range(2)]
+    for _ in range(2):
+        for a, b in zip(*[list(loader) for loader in loaders]):
+            assert a["global_sequences"] == b["global_sequences"] == \
+                a["num_sequences"] + b["num_sequences"]
+            sequences.append(int(a["global_sequences"]))
+            for arrays in (a, b):
+                batch = PackedBatch.from_arrays(arrays)
+                shapes.add(tuple((k, tuple(v.shape)) for k, v in batch.inputs().items()
+                                 if isinstance(v, torch.Tensor)))
+                assert batch.cu_seqlens[-1] == 4 * L and batch.max_seqlen == L
+                assert batch.masked_lm_weights.sum() == arrays["num_masked"]
+                assert batch.next_sentence_weights.sum() == arrays["num_sequences"]
+                assert int((batch.input_ids != 0).sum()) == arrays["num_tokens"]
+    assert len(shapes) == 1 and len(sequences) > 10
+    one = ShardLoader(ds, 8, seed=5, prefetch=0, split="global_batch", masks_per_row=bound)
+    alone = [(int(x["global_sequences"]), int(x["num_sequences"])) for _ in range(2) for x in one]
+    assert [g for g, _ in alone] == [n for _, n in alone] == sequences
+
+
+def test_a_row_beyond_the_mask_bound_is_named(packed_shards):
+    ds = ShardDataset(packed_shards)
+    with pytest.raises(UserError, match=r"part_\d+\.h5: row \d+ holds \d+ masked tokens, more "
+                                        r"than the 5 a packed batch has room for") as err:
+        for _ in ShardLoader(ds, 4, prefetch=0, masks_per_row=5):
+            pass
+    assert "\n" not in str(err.value)

@@ -13,9 +13,11 @@ import torch.nn.functional as F
 
 from bertperf.errors import UserError
 from bertperf.formats.samples import Samples, offsets_from_lengths
-from bertperf.model import (BertConfig, BertForPreTraining, PaddedBatch, PaddedBertForPreTraining,
-                            UnpaddedBatch, from_hf_state_dict, pad, tf_name, tf_transposed,
-                            to_hf_state_dict, unpack_rows, unpad)
+from bertperf.data.collate import collate_packed, collate_varlen
+from bertperf.formats.packed import Packed
+from bertperf.model import (BertConfig, BertForPreTraining, PackedBatch, PaddedBatch,
+                            PaddedBertForPreTraining, UnpaddedBatch, from_hf_state_dict, pad,
+                            tf_name, tf_transposed, to_hf_state_dict, unpack_rows, unpad)
 
 MLPERF_BERT_CONFIG = {  # the MLPerf checkpoint's bert_config.json
     "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
@@ -138,14 +140,13 @@ def test_unpadded_batch_from_varlen_arrays():
     arrays["cu_masked"] = np.array([0, 1, 2])  # extra keys are ignored
     again = UnpaddedBatch.from_arrays(arrays)
     assert_same_batch(again, u)
-    assert again.input_ids.dtype == torch.int64 and again.cu_seqlens.dtype == torch.int32
+    assert again.input_ids.dtype == again.cu_seqlens.dtype == torch.int32  # narrow on the host
 
 
 def test_batches_from_the_data_side():
     """collate_varlen and Packed.batch output convert to the same UnpaddedBatch as the padded
     arrays of the same samples."""
-    from bertperf.data.collate import collate_varlen, to_torch
-    from bertperf.formats.packed import Packed
+    from bertperf.data.collate import to_torch
     s = samples([30, 7, 12, 5, 40], seed=2)
     expected = unpad(PaddedBatch.from_arrays(s.to_padded(40, MAX_PRED)))
     rows = Packed.from_samples(s, np.arange(5), np.array([3, 2]))
@@ -329,3 +330,67 @@ def test_huggingface_state_dict_round_trip():
     untied["cls.predictions.decoder.weight"] = untied["cls.predictions.decoder.weight"] + 1
     with pytest.raises(UserError, match="tied"):
         from_hf_state_dict(untied, TINY)
+
+
+# ---- packed, fixed-shape batches -------------------------------------------------------------------
+
+def packed_batch(s: Samples, sizes: list[int], row_len: int, masks_per_row: int,
+                 order: list[int] | None = None) -> PackedBatch:
+    """The samples packed into rows of `sizes` sequences (in `order`), as the loader gives them."""
+    rows = Packed.from_samples(s, np.arange(len(s)) if order is None else np.array(order),
+                               np.array(sizes))
+    return PackedBatch.from_arrays(collate_packed(rows.batch(max_seq_length=row_len,
+                                                             max_pred=MAX_PRED), masks_per_row))
+
+
+def test_packed_batch_layout():
+    s = samples([30, 7, 12, 5, 40], seed=8)
+    b = packed_batch(s, [3, 2], row_len=64, masks_per_row=12)
+    assert b.cu_seqlens.tolist() == [0, 30, 37, 49, 64, 69, 109, 109, 128]  # K slots, tail
+    assert b.max_seqlen == 64 and b.input_ids.shape == b.position_ids.shape == (2, 64)
+    assert b.position_ids[0, :38].tolist() == [*range(30), *range(7), 0]
+    assert b.cls_positions.tolist() == [[0, 30, 37], [64, 69, 64]]
+    assert b.next_sentence_weights.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert b.masked_lm_weights.sum().item() == len(s.mlm_ids)
+    m = b.masked_lm_weights.bool()
+    assert b.masked_lm_positions[~m].tolist() == [64 * r for r in range(2) for _ in
+                                                   range(12 - int(m[r].sum()))]
+    assert all(t.dtype == torch.int32 for t in (b.input_ids, b.cu_seqlens, b.masked_lm_positions))
+    rows = Packed.from_samples(s, np.arange(5), np.array([3, 2])).batch(max_seq_length=64,
+                                                                        max_pred=MAX_PRED)
+    with pytest.raises(ValueError, match="row 0 holds 7 masked tokens, more than the 5"):
+        collate_packed(rows, 5)
+
+
+@pytest.mark.parametrize("sizes, row_len", [([3, 2, 1], 64), ([1, 1, 1, 1, 1, 1], 40)],
+                         ids=["mixed", "one-per-row"])
+def test_packed_forward_backward_equals_varlen(sizes, row_len):
+    """The packed model on fixed-shape rows = the unpadded model on the same sequences: MLM
+    logits at the real slots, NSP logits of the real slots, losses and every gradient (float64,
+    no dropout); padding tails and slots contribute nothing."""
+    s = samples([30, 7, 12, 5, 40, 9], seed=9)
+    order = [1, 0, 3, 4, 5, 2]
+    packed = packed_batch(s, sizes, row_len, masks_per_row=14, order=order)
+    varlen = UnpaddedBatch.from_arrays(collate_varlen(s.take(np.array(order))))
+    model, _ = models()
+    twin, _ = models()
+    model.train()
+    twin.train()
+    p_out = model(**packed.inputs())
+    v_out = twin(**varlen.inputs())
+    real = packed.masked_lm_weights.reshape(-1).bool()
+    torch.testing.assert_close(p_out.mlm_logits[real], v_out.mlm_logits, rtol=1e-12, atol=1e-13)
+    seqs = packed.next_sentence_weights.reshape(-1).bool()
+    torch.testing.assert_close(p_out.nsp_logits[seqs], v_out.nsp_logits, rtol=1e-12, atol=1e-13)
+    for name in ("mlm_loss", "nsp_loss", "loss"):
+        torch.testing.assert_close(getattr(p_out, name), getattr(v_out, name), rtol=1e-12,
+                                   atol=0, msg=name)
+    p_out.loss.backward()
+    v_out.loss.backward()
+    for (name, g), h in zip(grads(model).items(), grads(twin).values()):
+        torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-14, msg=name)
+    divisors = torch.tensor([100.0, 10.0], dtype=torch.float64)
+    with torch.no_grad():
+        a = model(**packed.inputs(), loss_divisors=divisors)
+        b = twin(**varlen.inputs(), loss_divisors=divisors)
+    torch.testing.assert_close(a.loss, b.loss, rtol=1e-12, atol=0)

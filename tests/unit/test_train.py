@@ -173,18 +173,24 @@ def trainer_for_step(ga: int, seed: int = 0):
                                           num_attention_heads=2, intermediate_size=64,
                                           max_position_embeddings=MSL, hidden_dropout_prob=0.0,
                                           attention_probs_dropout_prob=0.0)).double()
+    from bertperf.train.loop import forward_loss
     opt = make_optimizer("lamb", param_groups(model, 0.01), lr=0.01)
     cfg = replace(RunConfig(), train=TrainConfig(batch_size=16 // ga, gradient_steps=ga))
     return Trainer(cfg, Dist(0, 1), torch.device("cpu"), model, model, opt,
-                   LinearWarmupPolyDecay(opt, 0, 10), None, None, None, None)
+                   LinearWarmupPolyDecay(opt, 0, 10), None, None, None, None, forward_loss)
 
 
 def batches_of(samples: Samples, size: int):
+    """MicroBatches of `size` samples, as the loop's DeviceBatches hands them out."""
     from bertperf.data.collate import collate_varlen
-    from bertperf.model import UnpaddedBatch
+    from bertperf.model import BatchCounts, UnpaddedBatch
+    from bertperf.train.loop import MicroBatch
     for start in range(0, len(samples), size):
-        yield UnpaddedBatch.from_arrays(collate_varlen(samples.take(np.arange(start, start + size)))
-                                        ).inputs()
+        arrays = {**collate_varlen(samples.take(np.arange(start, start + size))),
+                  "global_sequences": size}
+        host = BatchCounts.from_arrays(arrays)
+        yield MicroBatch(UnpaddedBatch.from_arrays(arrays).inputs(),
+                         torch.tensor([host.masked, host.sequences], dtype=torch.float64), host)
 
 
 def test_accumulation_equals_one_big_batch():
@@ -196,7 +202,8 @@ def test_accumulation_equals_one_big_batch():
     losses = {}
     for trainer, size in ((big, 16), (acc, 4)):
         batches = batches_of(data, size)
-        losses[size] = [train_step(trainer, batches).loss for _ in range(2)]
+        losses[size] = [float(train_step(trainer, [next(batches) for _ in range(16 // size)]))
+                        for _ in range(2)]
     assert np.allclose(losses[16], losses[4], rtol=1e-12)
     for (name, p), q in zip(big.core.named_parameters(), acc.core.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
@@ -248,7 +255,7 @@ def test_setup_logs_hyperparameters_and_schedule(tmp_path):
     from bertperf.config import load
     from bertperf.mlperf.log import MLPerfLogger
     from bertperf.optim import lr_at
-    from bertperf.train.loop import micro_batches, setup, train_step
+    from bertperf.train.loop import DeviceBatches, setup, train_step
     cfg = load(env_for(tmp_path, GRADIENT_STEPS="2", WARMUP_PROPORTION="0.1", PREFETCH="0"))
     log_path = tmp_path / "log.txt"
     trainer = setup(cfg, MLPerfLogger(log_path, echo=False))
@@ -257,11 +264,14 @@ def test_setup_logs_hyperparameters_and_schedule(tmp_path):
     assert values["global_batch_size"] == 8 and values["gradient_accumulation_steps"] == 2
     assert values["opt_learning_rate_warmup_steps"] == 5 and values["eval_samples"] == 64
     assert values["opt_base_learning_rate"] == 0.01 and values["max_sequence_length"] == MSL
-    batches = micro_batches(trainer.loader, trainer.device)
+    from bertperf.model import UnpaddedBatch
+    batches = DeviceBatches(trainer.loader, trainer.device, UnpaddedBatch)
     for k in range(3):
-        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(k + 1, 0.01, 5, 50))
-        train_step(trainer, batches)
-    assert trainer.loader.position == 3 * 2 * 4  # GA micro-batches of BATCHSIZE per step
+        assert float(trainer.optimizer.param_groups[0]["lr"]) == \
+            pytest.approx(lr_at(k + 1, 0.01, 5, 50))
+        train_step(trainer, [next(batches) for _ in range(2)])
+    assert batches.state_dict()["position"] == 3 * 2 * 4  # GA micro-batches of BATCHSIZE a step
+    assert trainer.loader.position == 3 * 2 * 4 + 4  # and one micro-batch copied ahead
 
 
 def test_dist_config_launchers_and_loader_split(tmp_path):

@@ -19,6 +19,8 @@ from bertperf.benchmark import CLOSED, DIVISIONS, TARGET_ACCURACY
 from bertperf.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+LAYOUTS = ("varlen", "packed")
+COMPILE_BACKENDS = ("none", "inductor", "aot_eager", "eager")
 LOADER_SPLITS = ("global_batch", "shards")
 VERIFY_MODES = ("md5", "size", "none")
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -85,7 +87,21 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     train_dir: Path | None = _var("DATADIR_PHASE2", Path)
-    """Folder of unpadded training shards (`prep unpad` output)."""
+    """Folder of training shards: unpadded (`prep unpad`, `prep chop`) or packed (`prep pack`)."""
+    layout: str | None = _var("LAYOUT", str)
+    """How the trainer batches them: "varlen" (unpadded shards: BATCHSIZE sequences of their own
+    lengths per micro-batch) or "packed" (packed shards: BATCHSIZE rows of max_seq_length tokens
+    holding up to 3 sequences each; every tensor of the step keeps one shape for the whole run);
+    default: what DATADIR_PHASE2 holds."""
+    masked_lm_prob: float = _var("MASKED_LM_PROB", float, 0.15)
+    """LAYOUT=packed: the masking rate the data was made with (`prep create --masked_lm_prob`);
+    it bounds the masked tokens a row can hold (78 for MLPerf's 512-token rows), the fixed number
+    of masked-token slots per row. A row with more stops the run with an error naming it."""
+    packing_factor: float = _var("PACKING_FACTOR", float, 2.0)
+    """LAYOUT=packed: sequences per row as the logged global_batch_size counts them (rows per
+    step x this; MLPerf's eval cadence and RCP row follow it), NVIDIA's average packing rate
+    (MLPerf's packed data holds 1.999 per row). Samples (samples_count, train_samples) are the
+    sequences actually trained."""
     eval_file: Path | None = _var("EVAL_FILE", Path)
     """The eval HDF5 file: padded (`prep eval`'s `eval_10k.hdf5`) or NVIDIA's variable-length
     one (`eval_varlength/part_eval_10k.hdf5`); every sample of it is evaluated."""
@@ -130,7 +146,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     batch_size: int | None = _var("BATCHSIZE", int)
-    """Sequences per micro-batch per rank (required)."""
+    """Sequences (LAYOUT=packed: rows) per micro-batch per rank (required)."""
     gradient_steps: int = _var("GRADIENT_STEPS", int, 1)
     """Micro-batches accumulated into one optimizer step."""
     eval_batch_size: int = _var("EVAL_BATCHSIZE", int, 128)
@@ -151,7 +167,14 @@ class TrainConfig:
     device: str = _var("DEVICE", str, "auto")
     """cuda, cpu or auto (cuda:LOCAL_RANK when CUDA is available)."""
     log_every: int = _var("LOG_FREQ", int, 10)
-    """Progress line every this many optimizer steps (0 = none)."""
+    """Progress line every this many optimizer steps (0 = none); the losses, kept on the device
+    meanwhile, are read then and at evals."""
+    compile: str = _var("COMPILE", str, "none")
+    """LAYOUT=packed: torch.compile the micro-step (forward, loss, backward) with this backend:
+    none, inductor, or aot_eager / eager (no code generation; tests)."""
+    use_cuda_graph: bool = _var("USE_CUDA_GRAPH", yes_no, False)
+    """LAYOUT=packed, CUDA only: replay the micro-step as CUDA graphs (torch.compile
+    mode="reduce-overhead"; with COMPILE=none, inductor)."""
     output_dir: Path = _var("LOGDIR", Path, Path("results"))
     """Folder for the MLPerf log."""
     log_file: Path | None = _var("MLLOG_FILE", Path)
@@ -261,8 +284,17 @@ class RunConfig:
     """Checkpoint saving and resuming (bertperf.train.checkpoint)."""
 
     @property
-    def global_batch_size(self) -> int:
+    def rows_per_step(self) -> int:
+        """Sequences (LAYOUT=packed: rows) per optimizer step over all ranks."""
         return self.train.batch_size * self.train.gradient_steps * self.dist.world_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per optimizer step as MLPerf's global_batch_size counts them (packed rows
+        times PACKING_FACTOR)."""
+        if self.data.layout == "packed":
+            return round(self.rows_per_step * self.data.packing_factor)
+        return self.rows_per_step
 
     @property
     def eval_interval(self) -> int:
@@ -332,6 +364,16 @@ def validate(cfg: RunConfig) -> None:
     if cfg.data.loader_split not in LOADER_SPLITS:
         raise UserError(f"LOADER_SPLIT must be one of {', '.join(LOADER_SPLITS)}, "
                         f"not {cfg.data.loader_split!r}")
+    if cfg.data.layout is not None and cfg.data.layout not in LAYOUTS:
+        raise UserError(f"LAYOUT must be one of {', '.join(LAYOUTS)}, not {cfg.data.layout!r}")
+    if not 0.0 < cfg.data.masked_lm_prob <= 1.0 or not cfg.data.packing_factor >= 1.0:
+        raise UserError(f"MASKED_LM_PROB must be in (0, 1] and PACKING_FACTOR at least 1, got "
+                        f"{cfg.data.masked_lm_prob} and {cfg.data.packing_factor}")
+    if cfg.train.compile not in COMPILE_BACKENDS:
+        raise UserError(f"COMPILE must be one of {', '.join(COMPILE_BACKENDS)}, "
+                        f"not {cfg.train.compile!r}")
+    if cfg.train.use_cuda_graph and cfg.train.device == "cpu":
+        raise UserError("USE_CUDA_GRAPH=1 needs a CUDA device, not DEVICE=cpu")
     if cfg.train.precision not in PRECISIONS:
         raise UserError(f"PRECISION must be one of {', '.join(PRECISIONS)}, "
                         f"not {cfg.train.precision!r}")

@@ -134,12 +134,12 @@ def measure_rate(dataset: ShardDataset, batch_size: int, layout: str, prefetch: 
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for batch in loader:
-            if layout == "packed":
-                samples += int((batch["seq_lengths"] > 0).sum())
-            else:
+            if layout == "padded":
                 samples += len(batch["next_sentence_labels"])
-            tokens += len(batch["input_ids"]) if layout == "varlen" \
-                else int(batch["input_mask"].sum())
+                tokens += int(batch["input_mask"].sum())
+            else:  # varlen and packed batches count themselves
+                samples += int(batch["num_sequences"])
+                tokens += int(batch["num_tokens"])
             if time.perf_counter() - t0 >= seconds:
                 break
     elapsed = time.perf_counter() - t0

@@ -7,6 +7,13 @@ position.
         for exact resume; `prefetch` batches built ahead on a thread (the batches are the same
         with or without it)
 
+Layouts: "padded" and "varlen" (unpadded shards), "packed" (packed shards: fixed-shape rows,
+data/collate.py collate_packed, at most `masks_per_row` masked tokens per row, checked on every
+row read: one line naming the shard and row otherwise). Varlen and packed batches carry their
+counts as host scalars, and `global_sequences`: the sequences of the whole global batch (every
+rank's part of it; for packed rows read from every rank's rows' index, which with split="shards"
+means other ranks' shards too), so a trainer counts MLPerf's samples without a collective.
+
 Resume: `position` is the number of samples of the current epoch this rank has consumed (after the
 batches already yielded). Starting at (epoch, position=k) yields exactly the stream that an
 uninterrupted run yields from its sample k on; when k is a multiple of batch_size the batches are
@@ -22,7 +29,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from bertperf.data.collate import LAYOUTS, collate_padded, collate_varlen
+from bertperf.data.collate import (LAYOUTS, collate_packed, collate_padded, collate_varlen,
+                                   rows_over)
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.order import SPLITS, EpochPlan
 from bertperf.errors import UserError
@@ -88,7 +96,7 @@ class ShardLoader:
                  world_size: int = 1, seed: int = 0, epoch: int = 0, start_sample: int = 0,
                  layout: str | None = None, drop_last: bool = True, prefetch: int = 2,
                  max_seq_length: int | None = None, max_pred: int | None = None,
-                 split: str = "shards") -> None:
+                 split: str = "shards", masks_per_row: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         layout = layout or ("packed" if dataset.packed else "padded")
@@ -109,6 +117,8 @@ class ShardLoader:
         self.layout, self.drop_last, self.prefetch = layout, drop_last, max(0, prefetch)
         self.max_seq_length = max_seq_length or dataset.max_seq_length
         self.max_pred = max_pred or dataset.max_pred
+        room = (dataset.max_seqs_per_row or 1) * self.max_pred  # Packed.batch's columns
+        self.masks_per_row = min(masks_per_row or room, room)
         self.epoch, self.position = epoch, start_sample
         self._plan: EpochPlan | None = None
 
@@ -146,16 +156,34 @@ class ShardLoader:
         return parts[0] if len(parts) == 1 else Samples.concat(parts)
 
     def make_batch(self, plan: EpochPlan, start: int) -> dict[str, np.ndarray]:
+        stop = start + self.batch_size
         if self.layout == "packed":
-            parts = [self.dataset.reader(shard).batch(rows, self.max_seq_length,
-                                                      self.dataset.max_seqs_per_row, self.max_pred)
-                     for shard, rows in plan.refs(start, start + self.batch_size)]
-            return parts[0] if len(parts) == 1 else \
+            parts = [self.packed_rows(shard, rows) for shard, rows in plan.refs(start, stop)]
+            rows = parts[0] if len(parts) == 1 else \
                 {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            everyone = [ref for r in range(self.world_size) for ref in plan.refs(start, stop, r)]
+            return {**collate_packed(rows, self.masks_per_row),
+                    "global_sequences": np.int64(sum(self.sequences(*ref) for ref in everyone))}
         s = self.samples(plan, start, start + self.batch_size)
-        if self.layout == "varlen":
-            return collate_varlen(s)
+        if self.layout == "varlen":  # every rank's batch has as many samples as this one
+            return {**collate_varlen(s), "global_sequences": np.int64(len(s) * self.world_size)}
         return collate_padded(s, self.max_seq_length, self.max_pred)
+
+    def packed_rows(self, shard: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Packed.batch of these rows of `shard`, each checked against masks_per_row."""
+        reader = self.dataset.reader(shard)
+        arrays = reader.batch(rows, self.max_seq_length, self.dataset.max_seqs_per_row,
+                              self.max_pred)
+        if over := rows_over(arrays, self.masks_per_row):
+            raise UserError(f"{reader.path}: row {int(rows[over[0]])} holds {over[1]} masked "
+                            f"tokens, more than the {self.masks_per_row} a packed batch has room "
+                            "for (data masked at a higher rate than the trainer assumes?)")
+        return arrays
+
+    def sequences(self, shard: int, rows: np.ndarray) -> int:
+        """Sequences in these rows of packed shard `shard` (read from its row index only)."""
+        offsets = self.dataset.reader(shard).rows.row_seq_offsets
+        return int((offsets[rows + 1] - offsets[rows]).sum())
 
     # -- iteration --
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:

@@ -87,21 +87,25 @@ class EpochPlan:
             self._perms.move_to_end(shard)
         return p
 
-    def refs(self, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
-        """This rank's samples at positions start..stop-1, as (shard, rows) runs in stream order."""
+    def refs(self, start: int, stop: int, rank: int | None = None) -> list[tuple[int, np.ndarray]]:
+        """This rank's (or rank `rank`'s) samples at positions start..stop-1, as (shard, rows)
+        runs in stream order."""
         start, stop = max(0, start), min(stop, self.length)
         out: list[tuple[int, np.ndarray]] = []
-        for g0, g1 in self.global_ranges(start, stop):
+        for g0, g1 in self.global_ranges(start, stop, rank):
             self._refs(g0, g1, out)
         return out
 
-    def global_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
-        """This rank's positions start..stop-1 as [g0, g1) ranges of the epoch's global stream."""
+    def global_ranges(self, start: int, stop: int,
+                      rank: int | None = None) -> list[tuple[int, int]]:
+        """This rank's (or rank `rank`'s) positions start..stop-1 as [g0, g1) ranges of the
+        epoch's global stream."""
+        r = self.rank if rank is None else rank
         if stop <= start:
             return []
         if self.split == "shards":
-            return [(self.start + start, self.start + stop)]
-        b, w, r = self.block, self.world_size, self.rank
+            return [(r * self.length + start, r * self.length + stop)]
+        b, w = self.block, self.world_size
         full = self.length // b  # whole global batches; then one partial of w*m samples
         out, p = [], start
         while p < stop:

@@ -1,10 +1,11 @@
-"""The model's inputs: unpadded (what BertForPreTraining takes) and padded (what the reference
-PaddedBertForPreTraining takes), and conversions between them and from the data side's arrays
-(bertperf.data: `collate_varlen`, `Samples.to_padded`, packed rows of `Packed.batch`)."""
+"""The model's inputs: unpadded and packed (what BertForPreTraining takes) and padded (what the
+reference PaddedBertForPreTraining takes), conversions between them and from the data side's
+arrays (bertperf.data: `collate_varlen`, `collate_packed`, `Samples.to_padded`, packed rows of
+`Packed.batch`), and the counts a batch carries on the host (BatchCounts)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 import numpy as np
@@ -18,35 +19,79 @@ def _long(x: Array) -> torch.Tensor:
     return torch.as_tensor(x).long()
 
 
+def _int(x: Array) -> torch.Tensor:
+    """Ids and indices as int32 (narrow on the host; int64 values are narrowed too)."""
+    return torch.as_tensor(x).to(torch.int32)
+
+
 def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
     return F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
 
 
+class Tensors:
+    """What the batch types share: their tensors moved or pinned together, the model's keyword
+    arguments."""
+
+    def inputs(self) -> dict[str, torch.Tensor | int]:
+        """Keyword arguments for the model's forward (BertForPreTraining, or
+        PaddedBertForPreTraining for a PaddedBatch)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to(self, device: torch.device, non_blocking: bool = False):
+        """The same batch on `device` (ints stay as they are)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+                                for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
+    def pin_memory(self):
+        """The same batch in page-locked host memory (CUDA copies from it run asynchronously)."""
+        return replace(self, **{f.name: getattr(self, f.name).pin_memory() for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """A micro-batch's sizes as the loader counted them on the host (bertperf.data.collate), so a
+    training step never reads them back from the device."""
+
+    masked: int
+    """Real masked tokens of this rank's micro-batch (padding slots not counted)."""
+    sequences: int
+    """Sequences of this rank's micro-batch."""
+    tokens: int
+    """Real tokens of this rank's micro-batch (padding not counted)."""
+    global_sequences: int
+    """Sequences of the whole global micro-batch, every rank's part of it: MLPerf's samples."""
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Array]) -> BatchCounts:
+        """From a varlen or packed batch of the loader (its num_masked, num_sequences,
+        num_tokens and global_sequences)."""
+        return cls(int(arrays["num_masked"]), int(arrays["num_sequences"]),
+                   int(arrays["num_tokens"]), int(arrays["global_sequences"]))
+
+
 @dataclass
-class UnpaddedBatch:
+class UnpaddedBatch(Tensors):
     """S sequences with T real tokens and M masked tokens in all; sequence i is tokens
     cu_seqlens[i]:cu_seqlens[i+1]."""
 
     input_ids: torch.Tensor
-    """[T] int64: the sequences' tokens ([CLS] A [SEP] B [SEP]), concatenated."""
+    """[T] integer (int32 from the loader): the sequences' tokens ([CLS] A [SEP] B [SEP]), concatenated."""
     segment_ids: torch.Tensor
-    """[T] int64: 0 on segment A (with [CLS] and its [SEP]), 1 on segment B."""
+    """[T] integer: 0 on segment A (with [CLS] and its [SEP]), 1 on segment B."""
     position_ids: torch.Tensor
-    """[T] int64: the position inside its sequence (0 at each [CLS])."""
+    """[T] integer: the position inside its sequence (0 at each [CLS])."""
     cu_seqlens: torch.Tensor
     """[S+1] int32: 0, then the cumulative sequence lengths."""
     max_seqlen: int
     """The longest sequence's length."""
     masked_lm_positions: torch.Tensor
-    """[M] int64: indices into the T tokens, grouped by sequence, ascending."""
+    """[M] integer: indices into the T tokens, grouped by sequence, ascending."""
     masked_lm_ids: torch.Tensor
-    """[M] int64: the original token ids there (MLM labels)."""
+    """[M] integer: the original token ids there (MLM labels)."""
     next_sentence_labels: torch.Tensor
-    """[S] int64: 1 when segment B is a random sentence."""
-
-    def inputs(self) -> dict[str, torch.Tensor | int]:
-        """Keyword arguments for BertForPreTraining.forward."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    """[S] integer: 1 when segment B is a random sentence."""
 
     @property
     def seq_lengths(self) -> torch.Tensor:
@@ -54,22 +99,63 @@ class UnpaddedBatch:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Array]) -> UnpaddedBatch:
-        """From `bertperf.data.collate.collate_varlen` output (numpy or torch, any device;
-        keys other than the fields are ignored)."""
-        return cls(
-            input_ids=_long(arrays["input_ids"]),
-            segment_ids=_long(arrays["segment_ids"]),
-            position_ids=_long(arrays["position_ids"]),
-            cu_seqlens=torch.as_tensor(arrays["cu_seqlens"]).to(torch.int32),
-            max_seqlen=int(arrays["max_seqlen"]),
-            masked_lm_positions=_long(arrays["masked_lm_positions"]),
-            masked_lm_ids=_long(arrays["masked_lm_ids"]),
-            next_sentence_labels=_long(arrays["next_sentence_labels"]),
-        )
+        """From `bertperf.data.collate.collate_varlen` output (numpy or torch, any device; every
+        tensor int32; keys other than the fields are ignored)."""
+        return cls(**{f.name: int(arrays[f.name]) if f.name == "max_seqlen"
+                      else _int(arrays[f.name]) for f in fields(cls)})
 
 
 @dataclass
-class PaddedBatch:
+class PackedBatch(Tensors):
+    """B rows of L tokens, each holding up to K sequences back to back and then padding, with P
+    masked-token slots per row: every tensor has the same shape in every batch of a run (B, L,
+    K, P fixed), so a training step can be compiled or captured once. The model sees the rows
+    flattened to B*L tokens (`inputs()`); attention is block-diagonal within each row through
+    cu_seqlens, position ids restart at every sequence, and padding slots weigh 0 in the loss.
+    Ids and indices are int32 (widened where an op needs it)."""
+
+    input_ids: torch.Tensor
+    """[B, L]: each row's sequences' tokens, then 0 up to L."""
+    segment_ids: torch.Tensor
+    """[B, L]: 0 on segment A (with [CLS] and its [SEP]), 1 on segment B, 0 on padding."""
+    position_ids: torch.Tensor
+    """[B, L]: the position inside its sequence (0 at each [CLS]), 0 on padding."""
+    cu_seqlens: torch.Tensor
+    """[B*(K+1)+1] int32: segment boundaries over the B*L tokens; each row contributes its K
+    sequence slots (length 0 where it holds fewer sequences) and then its padding tail as one
+    more segment (length 0 for a full row), so every row spans exactly L tokens."""
+    max_seqlen: int
+    """L: the longest a segment can be (the same for every batch)."""
+    masked_lm_positions: torch.Tensor
+    """[B, P]: the masked tokens as indices into the B*L tokens (row * L + position in the
+    row), ascending per row; padding slots point at the row's first token."""
+    masked_lm_ids: torch.Tensor
+    """[B, P]: the original token ids there (MLM labels), 0 in padding slots."""
+    masked_lm_weights: torch.Tensor
+    """[B, P] float32: 1 for a real masked token, 0 for a padding slot."""
+    cls_positions: torch.Tensor
+    """[B, K]: each sequence slot's [CLS] as an index into the B*L tokens (NSP is pooled there);
+    an empty slot points at the row's first token."""
+    next_sentence_labels: torch.Tensor
+    """[B, K]: 1 when the slot's segment B is a random sentence; 0 for an empty slot."""
+    next_sentence_weights: torch.Tensor
+    """[B, K] float32: 1 for a real sequence, 0 for an empty slot."""
+
+    def inputs(self) -> dict[str, torch.Tensor | int]:
+        """Keyword arguments for BertForPreTraining.forward: every tensor flattened (views)."""
+        return {f.name: v.reshape(-1) if isinstance(v := getattr(self, f.name), torch.Tensor)
+                else v for f in fields(self)}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Array]) -> PackedBatch:
+        """From `bertperf.data.collate.collate_packed` output (numpy arrays are shared, not
+        copied; keys other than the fields are ignored)."""
+        return cls(**{f.name: int(arrays[f.name]) if f.name == "max_seqlen"
+                      else torch.as_tensor(arrays[f.name]) for f in fields(cls)})
+
+
+@dataclass
+class PaddedBatch(Tensors):
     """B sequences, one per row, padded to L tokens (MLPerf's padded HDF5 fields, as
     `Samples.to_padded` writes them)."""
 
@@ -86,10 +172,6 @@ class PaddedBatch:
     """[B, P] int64: the labels at those positions, 0-padded."""
     next_sentence_labels: torch.Tensor
     """[B] int64."""
-
-    def inputs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments for PaddedBertForPreTraining.forward."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Array]) -> PaddedBatch:

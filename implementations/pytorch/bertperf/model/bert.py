@@ -1,9 +1,12 @@
-"""BERT for pretraining (masked LM + next-sentence prediction) on unpadded batches.
+"""BERT for pretraining (masked LM + next-sentence prediction) on unpadded or packed batches.
 
-The encoder runs on the T real tokens of all S sequences concatenated (cu_seqlens marks the
-boundaries; attention never crosses them; position ids restart at every sequence), the MLM head
-only on the M masked tokens (NVIDIA's dense_seq_output), the NSP head on each sequence's first
-token. The model is written for one device; parallelism is applied around it.
+The encoder runs on the tokens of all sequences concatenated (cu_seqlens marks the boundaries;
+attention never crosses them; position ids restart at every sequence), the MLM head only on the
+masked tokens (NVIDIA's dense_seq_output), the NSP head on each sequence's first token. A packed
+batch is the same with its rows flattened: padding tails are segments of their own and padding
+slots of the MLM and NSP heads weigh 0 in the loss. The loss is computed here, once
+(pretraining_output), in float32 or wider. The model is written for one device; parallelism is
+applied around it.
 """
 
 from __future__ import annotations
@@ -23,27 +26,50 @@ class PreTrainingOutput:
     """Logits of one batch, and its losses when labels were given."""
 
     mlm_logits: torch.Tensor
-    """[M, vocab_size] at the masked tokens, in the order of masked_lm_positions."""
+    """[M, vocab_size] at the masked tokens (or slots), in the order of masked_lm_positions."""
     nsp_logits: torch.Tensor
-    """[S, 2] per sequence (class 1 = segment B is a random sentence)."""
+    """[S, 2] per sequence (or slot; class 1 = segment B is a random sentence)."""
     mlm_loss: torch.Tensor | None = None
-    """Mean cross-entropy over the batch's M masked tokens (each token weighs the same; NaN
-    when M = 0)."""
+    """Cross-entropy summed over the masked tokens (padding slots weigh 0) and divided by
+    loss_divisors[0]: by default their number, i.e. the mean (NaN when there is none)."""
     nsp_loss: torch.Tensor | None = None
-    """Mean cross-entropy over the batch's S sequences."""
+    """Cross-entropy summed over the sequences and divided by loss_divisors[1] (default: the
+    mean)."""
     loss: torch.Tensor | None = None
     """mlm_loss + nsp_loss, the pretraining objective."""
 
 
+def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                         weights: torch.Tensor | None) -> torch.Tensor:
+    """sum_i weights_i * CE(logits_i, labels_i), in float32 for lower-precision logits."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if weights is None:
+        return F.cross_entropy(logits, labels.long(), reduction="sum")
+    return (F.cross_entropy(logits, labels.long(), reduction="none") * weights).sum()
+
+
 def pretraining_output(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
                        masked_lm_ids: torch.Tensor | None,
-                       next_sentence_labels: torch.Tensor | None) -> PreTrainingOutput:
+                       next_sentence_labels: torch.Tensor | None,
+                       masked_lm_weights: torch.Tensor | None = None,
+                       next_sentence_weights: torch.Tensor | None = None,
+                       loss_divisors: torch.Tensor | None = None) -> PreTrainingOutput:
     """The output with losses when both label tensors are given (shared with the padded
-    reference, so both define the loss identically)."""
+    reference, so both define the loss identically). Weights: 0 for padding slots (None: all
+    count). loss_divisors: [2] (masked tokens, sequences) to divide the summed cross-entropies
+    by; None: the batch's own counts (weight sums), i.e. means."""
     if masked_lm_ids is None or next_sentence_labels is None:
         return PreTrainingOutput(mlm_logits, nsp_logits)
-    mlm_loss = F.cross_entropy(mlm_logits, masked_lm_ids.long())
-    nsp_loss = F.cross_entropy(nsp_logits, next_sentence_labels.long())
+    mlm = summed_cross_entropy(mlm_logits, masked_lm_ids, masked_lm_weights)
+    nsp = summed_cross_entropy(nsp_logits, next_sentence_labels, next_sentence_weights)
+    if loss_divisors is None:
+        loss_divisors = torch.stack([
+            masked_lm_weights.sum() if masked_lm_weights is not None
+            else mlm.new_tensor(masked_lm_ids.numel()),
+            next_sentence_weights.sum() if next_sentence_weights is not None
+            else nsp.new_tensor(next_sentence_labels.numel())]).to(mlm.dtype)
+    mlm_loss, nsp_loss = mlm / loss_divisors[0], nsp / loss_divisors[1]
     return PreTrainingOutput(mlm_logits, nsp_logits, mlm_loss, nsp_loss, mlm_loss + nsp_loss)
 
 
@@ -86,14 +112,22 @@ class BertForPreTraining(nn.Module):
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
                 position_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                 masked_lm_positions: torch.Tensor, masked_lm_ids: torch.Tensor | None = None,
-                next_sentence_labels: torch.Tensor | None = None) -> PreTrainingOutput:
-        """input_ids, segment_ids, position_ids: [T] (ids: int32 or int64); cu_seqlens: [S+1]
-        int32; max_seqlen: the longest sequence (int); masked_lm_positions: [M] indices into the
-        T tokens; masked_lm_ids: [M] label ids; next_sentence_labels: [S]. Losses are computed
-        when both label tensors are given."""
+                next_sentence_labels: torch.Tensor | None = None,
+                cls_positions: torch.Tensor | None = None,
+                masked_lm_weights: torch.Tensor | None = None,
+                next_sentence_weights: torch.Tensor | None = None,
+                loss_divisors: torch.Tensor | None = None) -> PreTrainingOutput:
+        """input_ids, segment_ids, position_ids: [T] (int32 or int64); cu_seqlens: [S+1] int32;
+        max_seqlen: the longest segment (int); masked_lm_positions: [M] indices into the T
+        tokens; masked_lm_ids: [M] label ids; next_sentence_labels: [S']; cls_positions: [S']
+        the tokens the NSP head pools (None: every segment's first token, cu_seqlens[:-1]);
+        weights and loss_divisors: pretraining_output. An UnpaddedBatch's or PackedBatch's
+        inputs() are these arguments. Losses are computed when both label tensors are given."""
         word_embeddings = self.bert.embeddings.word_embeddings.weight
         x = self.bert.embeddings(input_ids, segment_ids, position_ids)
         x = self.bert.encoder(x, cu_seqlens, max_seqlen)
         mlm_logits = self.cls.predictions(x.index_select(0, masked_lm_positions), word_embeddings)
-        nsp_logits = self.cls.seq_relationship(self.bert.pooler(x, cu_seqlens))
-        return pretraining_output(mlm_logits, nsp_logits, masked_lm_ids, next_sentence_labels)
+        pooled = self.bert.pooler(x, cu_seqlens[:-1] if cls_positions is None else cls_positions)
+        nsp_logits = self.cls.seq_relationship(pooled)
+        return pretraining_output(mlm_logits, nsp_logits, masked_lm_ids, next_sentence_labels,
+                                  masked_lm_weights, next_sentence_weights, loss_divisors)

@@ -117,14 +117,15 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
-    """dense + tanh on each sequence's first token ([CLS]), the NSP head's input."""
+    """dense + tanh on each sequence's first token ([CLS], at `positions`), the NSP head's
+    input."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(x.index_select(0, cu_seqlens[:-1])))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x.index_select(0, positions)))
 
 
 class BertPredictionHeadTransform(nn.Module):

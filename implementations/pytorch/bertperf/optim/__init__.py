@@ -8,11 +8,13 @@ Modules, each usable on its own:
                                   written with torch._foreach_* (no Python loop over parameters)
   groups.param_groups(model, wd)  two groups: decayed + layer-adapted, and bias/LayerNorm (neither)
   schedule.LinearWarmupPolyDecay  NVIDIA's LinearWarmupPolyDecayScheduler (start_warmup_step offset
-                                  semantics included); schedule.lr_at is the pure function
+                                  semantics included), LRs as device tensors; schedule.lr_at is
+                                  the pure function
   clip.clip_grad_norm_            global-norm clipping with foreach; returns the norm, leaves grads
                                   untouched when the norm is not finite
   clip.DynamicLossScaler          fp16 loss scaling (init 2**20, x2 every 2000 good steps, /2 on overflow)
-  clip.clipped_step               unscale -> norm -> clip -> step, or skip and log on non-finite norm
+  clip.clipped_step               unscale -> norm -> clip -> step, or skip on a non-finite norm,
+                                  decided on the device (no host sync)
   factory.make_optimizer          "lamb" -> Lamb; "adamw" -> torch.optim.AdamW (fused on CUDA)
   factory.mlperf_hparams          the optimizer-related MLPerf log keys with their values
 
@@ -24,11 +26,10 @@ once):
     groups = param_groups(model, weight_decay=0.01)
     opt = make_optimizer("lamb", groups, lr=4.25e-4, betas=(0.9, 0.999), eps=1e-6)
     sched = LinearWarmupPolyDecay(opt, warmup_steps=0, total_steps=6700, start_warmup_step=0)
-    scaler = DynamicLossScaler() if fp16 else None
+    scaler = DynamicLossScaler(device=device) if fp16 else None
     ...
     outcome = clipped_step(opt, max_grad_norm=1.0, scaler=scaler)
-    if not outcome.skipped:
-        sched.step()
+    sched.step(outcome.ok)  # a skipped step does not count
     opt.zero_grad(set_to_none=True)
 """
 

@@ -19,29 +19,30 @@ the all-reduce in its *_clipafter configs; the MLPerf rules allow either. With D
 here are already all-reduced, i.e. this is clip-after-allreduce. With gradient accumulation,
 clip once, on the accumulated gradient, just before the optimizer step.
 
-Non-finite norm (inf/NaN anywhere in the grads, or a sum of squares that overflows fp32): the
-grads are left untouched and the norm is returned as is; clipped_step then skips the optimizer
-step and logs it. NVIDIA's DistributedFusedLAMB does the same (`is_finite = (norm + 1 > norm)`;
-the step counter and weights do not move), with or without fp16.
+Non-finite norm (inf/NaN anywhere in the grads, or a sum of squares that overflows fp32): the step
+is skipped, decided on the device: clipped_step multiplies the grads by 0 and zeroes their inf/NaN
+entries, and the optimizer (Lamb.step(ok=...)) leaves weights, moments and its step count as they
+were; the scheduler does not advance (LinearWarmupPolyDecay.step(ok)). NVIDIA's
+DistributedFusedLAMB does the same (`is_finite = (norm + 1 > norm)`; the step counter and weights
+do not move), with or without fp16. Nothing in a step reads the device from the host: the caller
+reads the norm and the skipped-step count when it reports (every LOG_FREQ steps).
 
 fp16: DynamicLossScaler is torch.cuda.amp.GradScaler's policy with NVIDIA's settings
 (run_pretraining.py: `GradScaler(init_scale=INIT_LOSS_SCALE (default 2**20), growth_interval=2000)`,
 growth 2, back-off 0.5): multiply the loss by `scale` before backward, unscale the grads, and on
 a non-finite norm skip the step and halve the scale; after 2000 consecutive good steps double it.
-bf16 autocast needs no scaling: pass scaler=None (non-finite norms still skip).
+Its scale and counters are device tensors, updated with torch.where. bf16 autocast needs no
+scaling: pass scaler=None (non-finite norms still skip).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
-
-log = logging.getLogger("bertperf.optim")
 
 CLIP_EPS = 1e-6
 
@@ -75,6 +76,14 @@ def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(per_tensor))
 
 
+def clip_coefficient(norm: Tensor, max_norm: float | None, if_nonfinite: float) -> Tensor:
+    """min(max_norm / (norm + 1e-6), 1) (1 when max_norm is None), or `if_nonfinite` when the
+    norm is not finite; a 0-d tensor beside the norm."""
+    coef = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0) if max_norm else \
+        torch.ones_like(norm)
+    return torch.where(torch.isfinite(norm), coef, torch.full_like(coef, if_nonfinite))
+
+
 def clip_grad_norm_(params_or_grads: Iterable[Tensor], max_norm: float | None) -> Tensor:
     """Scale the grads so their global norm is at most max_norm; return the norm before clipping.
 
@@ -85,8 +94,7 @@ def clip_grad_norm_(params_or_grads: Iterable[Tensor], max_norm: float | None) -
     norm = global_grad_norm(grads)
     if max_norm is None or not grads:
         return norm
-    coef = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
-    coef = torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
+    coef = clip_coefficient(norm, max_norm, if_nonfinite=1.0)
     if all(g.device == norm.device for g in grads):
         torch._foreach_mul_(grads, coef)
     else:
@@ -96,9 +104,10 @@ def clip_grad_norm_(params_or_grads: Iterable[Tensor], max_norm: float | None) -
 
 
 class DynamicLossScaler:
-    """fp16 dynamic loss scale (host-side float; a power of two, so (un)scaling is exact).
+    """fp16 dynamic loss scale, kept on the device (a power of two, so (un)scaling is exact).
 
-    Attributes: scale, growth_tracker (good steps since the last change), skipped_steps.
+    Attributes (0-d tensors on `device`): scale, growth_tracker (good steps since the last
+    change), skipped_steps.
     """
 
     def __init__(
@@ -108,18 +117,19 @@ class DynamicLossScaler:
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
         min_scale: float = 1.0,
+        device: torch.device | str | None = None,
     ) -> None:
         if not init_scale > 0:
             raise ValueError(f"init_scale must be > 0, got {init_scale}")
         if not (growth_factor > 1.0 and 0.0 < backoff_factor < 1.0 and growth_interval > 0):
             raise ValueError("need growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0")
-        self.scale = float(init_scale)
+        self.scale = torch.tensor(float(init_scale), dtype=torch.float32, device=device)
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = int(growth_interval)
         self.min_scale = float(min_scale)
-        self.growth_tracker = 0
-        self.skipped_steps = 0
+        self.growth_tracker = torch.zeros((), dtype=torch.int64, device=device)
+        self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
 
     def scale_loss(self, loss: Tensor) -> Tensor:
         """loss * scale: call backward() on this."""
@@ -128,70 +138,59 @@ class DynamicLossScaler:
     def unscale_(self, grads: Sequence[Tensor]) -> None:
         """Divide the (accumulated) grads by the scale, in place, with one foreach launch."""
         if grads:
-            torch._foreach_mul_(list(grads), 1.0 / self.scale)
+            torch._foreach_div_(list(grads), self.scale)
 
-    def update(self, found_inf: bool) -> None:
-        """After a step: back off on overflow (and count the skip), else grow every growth_interval."""
-        if found_inf:
-            self.scale = max(self.scale * self.backoff_factor, self.min_scale)
-            self.growth_tracker = 0
-            self.skipped_steps += 1
-        else:
-            self.growth_tracker += 1
-            if self.growth_tracker == self.growth_interval:
-                self.scale *= self.growth_factor
-                self.growth_tracker = 0
+    def update(self, ok: Tensor) -> None:
+        """After a step (ok: 0-d bool, the grads were finite): back off on overflow (and count
+        the skip), else grow every growth_interval good steps. On the device, in place."""
+        grow = ok & (self.growth_tracker + 1 >= self.growth_interval)
+        scale = torch.where(ok, torch.where(grow, self.scale * self.growth_factor, self.scale),
+                            torch.clamp(self.scale * self.backoff_factor, min=self.min_scale))
+        self.scale.copy_(scale)
+        self.growth_tracker.copy_(torch.where(ok & ~grow, self.growth_tracker + 1, 0))
+        self.skipped_steps.add_((~ok).long())
 
     def state_dict(self) -> dict[str, Any]:
-        """Checkpointable state."""
-        return {"scale": self.scale, "growth_tracker": self.growth_tracker, "skipped_steps": self.skipped_steps}
+        """Checkpointable state (read from the device)."""
+        return {"scale": self.scale.item(), "growth_tracker": int(self.growth_tracker),
+                "skipped_steps": int(self.skipped_steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore state_dict()."""
-        self.scale = float(state["scale"])
-        self.growth_tracker = int(state["growth_tracker"])
-        self.skipped_steps = int(state["skipped_steps"])
+        self.scale.fill_(float(state["scale"]))
+        self.growth_tracker.fill_(int(state["growth_tracker"]))
+        self.skipped_steps.fill_(int(state["skipped_steps"]))
 
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What clipped_step did: the global grad norm (unscaled, before clipping), whether the step
-    was skipped, and the loss scale now in force (None without a scaler)."""
+    """What clipped_step did, as device tensors (read them only when reporting): the global grad
+    norm (unscaled, before clipping), whether the step was taken (the norm was finite), and the
+    loss scale now in force (None without a scaler)."""
 
-    grad_norm: float
-    skipped: bool
-    loss_scale: float | None
+    grad_norm: Tensor
+    ok: Tensor
+    loss_scale: Tensor | None
 
 
 def clipped_step(
     optimizer: torch.optim.Optimizer,
     max_grad_norm: float | None = 1.0,
     scaler: DynamicLossScaler | None = None,
-    *,
-    step_index: int | None = None,
 ) -> StepOutcome:
-    """Unscale (fp16), compute the global norm, clip, and step -- or skip on a non-finite norm.
-
-    One host sync (reading the norm). Skips are logged at WARNING on logger "bertperf.optim"
-    with the norm and the loss scale before/after; the caller does not advance its LR
-    scheduler or step count for a skipped step (NVIDIA's rule). `step_index` only labels the log.
-    """
+    """Unscale (fp16), compute the global norm, clip, and step, or skip on a non-finite norm,
+    decided on the device (module docstring): no host sync. `optimizer.step` must take `ok`
+    (bertperf.optim.Lamb); the caller passes outcome.ok on to the scheduler."""
     grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     if scaler is not None:
         scaler.unscale_(grads)
-    norm_t = clip_grad_norm_(grads, max_grad_norm)
-    norm = float(norm_t)
-    finite = bool(torch.isfinite(norm_t))
-    if finite:
-        optimizer.step()
-    old_scale = scaler.scale if scaler is not None else None
+    norm = global_grad_norm(grads)
+    ok = torch.isfinite(norm)
+    if grads:
+        torch._foreach_mul_(grads, clip_coefficient(norm, max_grad_norm, if_nonfinite=0.0))
+        for g in grads:  # a skipped step's inf * 0 and NaN * 0 entries
+            torch.nan_to_num_(g, 0.0, 0.0, 0.0)
+    optimizer.step(ok=ok)
     if scaler is not None:
-        scaler.update(found_inf=not finite)
-    if not finite:
-        where = f" at step {step_index}" if step_index is not None else ""
-        if scaler is not None:
-            log.warning("optimizer step skipped%s: non-finite gradient norm (%s); loss scale %g -> %g; "
-                        "%d steps skipped so far", where, norm, old_scale, scaler.scale, scaler.skipped_steps)
-        else:
-            log.warning("optimizer step skipped%s: non-finite gradient norm (%s)", where, norm)
-    return StepOutcome(grad_norm=norm, skipped=not finite, loss_scale=scaler.scale if scaler is not None else None)
+        scaler.update(ok)
+    return StepOutcome(norm, ok, scaler.scale if scaler is not None else None)

@@ -53,8 +53,10 @@ Implementation: per group, the lists of params/grads/moments are built once per 
 arithmetic op is one torch._foreach_* call over the whole list; per-tensor norms come from
 torch._foreach_norm and the trust ratios are computed for all tensors at once on the device (no
 host sync unless ratios_on_host=True, see Lamb). The number of torch ops per step does not depend
-on the number of parameters. State: state[p]["exp_avg"], state[p]["exp_avg_sq"] (dtype of p); the step count is
-group["step"] (an int, as in apex FusedLAMB). Sparse gradients are rejected.
+on the number of parameters. State: state[p]["exp_avg"], state[p]["exp_avg_sq"] (dtype of p); the
+step count is group["step"], a float64 0-d tensor on the parameters' device, so that a step
+skipped on the device (`step(ok=...)`, bertperf.optim.clip.clipped_step) does not count and the
+bias corrections need no host value. Sparse gradients are rejected.
 """
 
 from __future__ import annotations
@@ -125,7 +127,6 @@ class Lamb(torch.optim.Optimizer):
             bias_correction=bias_correction,
             grad_averaging=grad_averaging,
             layer_adaptation=layer_adaptation,
-            step=0,
         )
         super().__init__(params, defaults)
         self.ratios_on_host = bool(ratios_on_host)
@@ -159,19 +160,37 @@ class Lamb(torch.optim.Optimizer):
             exp_avg_sqs.append(state["exp_avg_sq"])
         return params, grads, exp_avgs, exp_avg_sqs
 
+    @staticmethod
+    def step_count(group: dict[str, Any], device: torch.device) -> Tensor:
+        """The group's step count (module docstring), made on first use; a checkpoint's count
+        is moved to `device` once."""
+        step = group.get("step")
+        if not isinstance(step, Tensor) or step.device != device:
+            group["step"] = torch.as_tensor(0 if step is None else step, dtype=torch.float64) \
+                .to(device)
+        return group["step"]
+
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """One LAMB update of every parameter that has a gradient (formula: module docstring)."""
+    def step(self, closure: Callable[[], float] | None = None, *,  # type: ignore[override]
+             ok: Tensor | None = None) -> float | None:
+        """One LAMB update of every parameter that has a gradient (formula: module docstring).
+
+        ok: a 0-d bool tensor on the parameters' device; where it is False the update is
+        skipped on the device (weights, moments and step counts stay as they were; the grads
+        must then be finite, as clipped_step leaves them). None: always update."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            group["step"] = int(group.get("step", 0)) + 1
+            if not group["params"]:
+                continue
+            t = self.step_count(group, group["params"][0].device)
+            t.add_(1 if ok is None else ok.to(t.dtype))
             params, grads, exp_avgs, exp_avg_sqs = self._group_lists(group)
             if not params:
                 continue
-            self._update_group(group, params, grads, exp_avgs, exp_avg_sqs)
+            self._update_group(group, params, grads, exp_avgs, exp_avg_sqs, t, ok)
         return loss
 
     def _update_group(
@@ -181,21 +200,28 @@ class Lamb(torch.optim.Optimizer):
         grads: list[Tensor],
         exp_avgs: list[Tensor],
         exp_avg_sqs: list[Tensor],
+        t: Tensor,
+        ok: Tensor | None,
     ) -> None:
         beta1, beta2 = group["betas"]
-        t = group["step"]
         beta3 = 1.0 - beta1 if group["grad_averaging"] else 1.0
         if group["bias_correction"]:
+            t = t.clamp(min=1.0)  # a skip before the first step: no 0/0
             bc1, bc2 = 1.0 - beta1**t, 1.0 - beta2**t
         else:
             bc1 = bc2 = 1.0
         wd = float(group["weight_decay"])
         lr = group["lr"]
+        decay1, decay2 = beta1, beta2
+        if ok is not None:  # a skipped step keeps the moments (its grads are 0) and the weights
+            okf = ok.to(torch.float64)
+            decay1, decay2 = 1.0 + okf * (beta1 - 1.0), 1.0 + okf * (beta2 - 1.0)
+            lr = lr * okf
 
         # Moments (TF reference: m_t = m*beta1 + g*(1-beta1); v_t = v*beta2 + g*g*(1-beta2)).
-        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_mul_(exp_avgs, decay1)
         torch._foreach_add_(exp_avgs, grads, alpha=beta3)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_mul_(exp_avg_sqs, decay2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
 
         # u = (m / bc1) / (sqrt(v / bc2) + eps) + wd * w   (apex stage 1, MOMENT_MODE_1),
@@ -205,7 +231,7 @@ class Lamb(torch.optim.Optimizer):
         torch._foreach_add_(update, group["eps"])
         torch._foreach_reciprocal_(update)
         torch._foreach_mul_(update, exp_avgs)
-        if bc1 != 1.0:
+        if group["bias_correction"]:
             torch._foreach_div_(update, bc1)
         if wd != 0.0:
             torch._foreach_add_(update, params, alpha=wd)

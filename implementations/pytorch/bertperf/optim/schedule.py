@@ -35,11 +35,11 @@ total_steps = MAX_STEPS, power = 1.0 and end_lr = 0 in every MLPerf BERT config.
   resolve_warmup does that.
 
 This module's scheduler follows torch's convention instead of NVIDIA's call order: construct it
-(the LR of the first step is set then) and call `step()` AFTER every optimizer step that was
-taken (not after a skipped fp16 step, which NVIDIA does not count either). Its `last_epoch` is
-then the number of completed optimizer steps k, and the LR set for the next step is
-lr_at(k + 1), identical to NVIDIA's. Computed in float64 on the host (NVIDIA computes in float32
-on the device; differences are below 1e-7 relative).
+(the LR of the first step is set then) and call `step(ok)` AFTER every optimizer step (ok: whether
+it was taken; a skipped step, e.g. an fp16 overflow, does not count, as NVIDIA does not count it
+either). Its completed-step count k lives on the device, and each group's "lr" is a 0-d float64
+tensor there that `step` rewrites in place with lr_at(k + 1) computed by device ops: no host sync,
+and capturable in a CUDA graph (NVIDIA also writes its LR on the device). `last_epoch` reads k.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ import warnings
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
 
 WARMUP_DENOM_EPS = 1e-6  # NVIDIA: mod_step / (num_warmup_updates + 1e-6)
 
@@ -113,14 +112,14 @@ def resolve_warmup(warmup_steps: float, start_warmup_step: float, max_steps: int
     return as_int(warmup_steps, "warmup_steps"), as_int(start_warmup_step, "start_warmup_step")
 
 
-class LinearWarmupPolyDecay(LRScheduler):
-    """torch LR scheduler for lr_at: sets every group's lr to lr_at(completed + 1, group's base lr).
+class LinearWarmupPolyDecay:
+    """NVIDIA's schedule (lr_at) on the device: sets every group's lr, a 0-d float64 tensor on
+    the parameters' device, to lr_at(completed + 1, the group's base lr).
 
     Args:
-        optimizer: the optimizer; each group's initial "lr" is its base_lr (NVIDIA uses one base
-            lr for all groups; bertperf's groups all start at the same lr).
+        optimizer: the optimizer; each group's initial "lr" (a float) is its base_lr (NVIDIA uses
+            one base lr for all groups; bertperf's groups all start at the same lr).
         warmup_steps, total_steps, start_warmup_step, end_lr, power: as lr_at.
-        last_epoch: completed optimizer steps when resuming (-1 for a fresh start; torch's rule).
     """
 
     def __init__(
@@ -131,7 +130,6 @@ class LinearWarmupPolyDecay(LRScheduler):
         start_warmup_step: int = 0,
         end_lr: float = 0.0,
         power: float = 1.0,
-        last_epoch: int = -1,
     ) -> None:
         if total_steps <= 0:
             raise ValueError(f"total_steps must be > 0, got {total_steps}")
@@ -141,24 +139,50 @@ class LinearWarmupPolyDecay(LRScheduler):
             warnings.warn(
                 f"start_warmup_step={start_warmup_step} > 0: the reference schedule gives a negative "
                 f"learning rate before step {start_warmup_step}", stacklevel=2)
+        self.optimizer = optimizer
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
         self.start_warmup_step = start_warmup_step
         self.end_lr = end_lr
         self.power = power
-        super().__init__(optimizer, last_epoch)
+        self.base_lrs = [float(g.setdefault("initial_lr", g["lr"])) for g in optimizer.param_groups]
+        device = optimizer.param_groups[0]["params"][0].device
+        self.completed = torch.zeros((), dtype=torch.float64, device=device)
+        for group in optimizer.param_groups:
+            group["lr"] = torch.zeros((), dtype=torch.float64, device=device)
+        self._write()
 
-    def lr_for(self, completed_steps: int) -> list[float]:
-        """Per-group LR of the step that follows `completed_steps` completed optimizer steps."""
-        return [
-            lr_at(completed_steps + 1, float(base), self.warmup_steps, self.total_steps,
-                  self.start_warmup_step, self.end_lr, self.power)
-            for base in self.base_lrs
-        ]
+    def lr_tensor(self, step: torch.Tensor, base_lr: float) -> torch.Tensor:
+        """lr_at(step, base_lr, ...) with `step` a float64 tensor (device ops only)."""
+        offset = 1 if self.start_warmup_step == 0 else 0
+        mod_step = step - offset - self.start_warmup_step
+        warm = base_lr * mod_step / (self.warmup_steps + WARMUP_DENOM_EPS)
+        progress = torch.clamp((step - offset) / self.total_steps, max=1.0)
+        decay = (base_lr - self.end_lr) * (1.0 - progress) ** self.power + self.end_lr
+        return torch.where(mod_step < self.warmup_steps, warm, decay)
 
-    def get_lr(self) -> list[float]:  # type: ignore[override]
-        """LRs for the next optimizer step (torch calls this from step())."""
-        return self.lr_for(self.last_epoch)
+    def _write(self) -> None:
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"].copy_(self.lr_tensor(self.completed + 1, base))
+
+    def step(self, ok: torch.Tensor | None = None) -> None:
+        """After an optimizer step: count it if it was taken (`ok`, a 0-d bool tensor; None:
+        taken) and set the LR of the next one."""
+        self.completed.add_(1 if ok is None else ok.to(self.completed.dtype))
+        self._write()
+
+    @property
+    def last_epoch(self) -> int:
+        """Completed optimizer steps (read from the device)."""
+        return int(self.completed.item())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"completed": self.last_epoch, "base_lrs": list(self.base_lrs)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base_lrs = [float(x) for x in state["base_lrs"]]
+        self.completed.fill_(int(state["completed"]))
+        self._write()
 
     def mlperf_hparams(self) -> dict[str, Any]:
         """The schedule's MLPerf log keys (NVIDIA logs num_warmup_updates for both warm-up keys)."""

@@ -4,9 +4,10 @@ A checkpoint (`torch.save` of one dict, loadable with `weights_only=True`) holds
 
   model      the core model's state_dict (never the DDP wrapper's "module."-prefixed one)
   optimizer  LAMB's state_dict (moments, per-group step and hyper-parameters)
-  scheduler  LinearWarmupPolyDecay's state_dict (last_epoch = completed steps, base LRs)
+  scheduler  LinearWarmupPolyDecay's state_dict (completed steps, base LRs)
   scaler     DynamicLossScaler's state_dict (fp16 only, else None)
-  loader     ShardLoader.state_dict(): (epoch, position) of the consumed batches, shard fingerprint
+  loader     ShardLoader.state_dict() after the last batch trained (the loop's DeviceBatches
+             holds one more, copied ahead): (epoch, position), shard fingerprint
   rng        python `random`, numpy and torch CPU states, and every CUDA device's when present
   step, samples, next_eval   the loop's counters (next_eval: sample count of the next eval)
   config     fingerprint(): the model's BertConfig and every setting that changes the loss curve
@@ -42,7 +43,7 @@ from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert_config import BertConfig
 
-FORMAT = "bertperf-checkpoint-1"
+FORMAT = "bertperf-checkpoint-2"  # 2: step counts and LR schedule on the device
 NAME = re.compile(r"^ckpt_(\d+)\.pt$")
 
 
@@ -73,7 +74,8 @@ def fingerprint(cfg) -> dict[str, Any]:
     """The settings a resumed run must share with the saved one to continue the same curve."""
     model = {f"model.{k}": v for k, v in asdict(BertConfig.named(cfg.model.bert_config)).items()}
     o, t = cfg.optim, cfg.train
-    run = {"BATCHSIZE": t.batch_size, "GRADIENT_STEPS": t.gradient_steps,
+    run = {"LAYOUT": cfg.data.layout, "BATCHSIZE": t.batch_size,
+           "GRADIENT_STEPS": t.gradient_steps,
            "WORLD_SIZE": cfg.dist.world_size, "SEED": t.seed, "PRECISION": t.precision,
            "LR": o.lr, "MAX_STEPS": o.max_steps, "WARMUP_STEPS": o.warmup_steps,
            "WARMUP_PROPORTION": o.warmup_proportion, "START_WARMUP_STEP": o.start_warmup_step,
@@ -120,7 +122,7 @@ def save(path: str | Path, trainer, step: int, samples: int, next_eval: int) -> 
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict(),
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
-        "loader": trainer.loader.state_dict(),
+        "loader": trainer.batches.state_dict(),
         "rng": rng_state(),
         "step": int(step), "samples": int(samples), "next_eval": int(next_eval),
         "config": fingerprint(trainer.cfg),

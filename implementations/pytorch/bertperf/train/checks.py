@@ -1,11 +1,12 @@
 """Checks of a run's configuration that need more than config.py knows, made before any rank
-starts work (`train --check`, run.sub and run_and_time.sh call them first): the model shape it
-names, the global batch against MLPerf's RCP table (BERT-large only), and the data's sequence
-length against the model's position table. Each problem is one line naming the values and where
-they come from."""
+starts work (`train --check`, run.sub and run_and_time.sh call them first): the batch layout the
+training folder allows, the model shape it names, the global batch against MLPerf's RCP table
+(BERT-large only), and the data's sequence length against the model's position table. Each
+problem is one line naming the values and where they come from."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from bertperf.config import RunConfig
@@ -22,6 +23,28 @@ def data_sequence_length(cfg: RunConfig) -> tuple[int, Path]:
     found = [(detect.header(path).max_seq_length or 0, path)
              for path in (first, cfg.data.eval_file)]
     return max(found, key=lambda item: item[0])
+
+
+def resolve_layout(cfg: RunConfig) -> RunConfig:
+    """The configuration with LAYOUT set (what the training folder holds, when unset) and the
+    settings that need packed rows checked."""
+    first = detect.sample_files(cfg.data.train_dir, "training")[0]
+    kind = detect.header(first).kind
+    holds = {detect.UNPADDED: "varlen", detect.PACKED: "packed"}.get(kind)
+    if holds is None:
+        raise UserError(f"{first}: a {kind} file; training reads unpadded shards (prep unpad) or "
+                        "packed ones (prep pack), which both make from this one")
+    layout = cfg.data.layout or holds
+    if layout != holds:
+        raise UserError(f"LAYOUT={layout}, but {cfg.data.train_dir} holds {kind} shards (prep "
+                        f"pack makes packed shards from unpadded ones, --unpack the reverse)")
+    if layout == "packed" and cfg.data.loader_split != "global_batch":
+        raise UserError("LAYOUT=packed counts each global batch's sequences on every rank: it "
+                        f"needs LOADER_SPLIT=global_batch, not {cfg.data.loader_split}")
+    if layout != "packed" and (cfg.train.compile != "none" or cfg.train.use_cuda_graph):
+        raise UserError("COMPILE and USE_CUDA_GRAPH need LAYOUT=packed (varlen batches change "
+                        "shape every step)")
+    return replace(cfg, data=replace(cfg.data, layout=layout))
 
 
 def check_run(cfg: RunConfig) -> BertConfig:

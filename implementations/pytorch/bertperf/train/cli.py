@@ -61,14 +61,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if "." in k}
     cfg = load(process_environment(), flags)
-    from bertperf.train.checks import check_run
+    from bertperf.train.checks import check_run, resolve_layout
     from bertperf.train.launch import reported_to_launcher
     with reported_to_launcher(under_launcher=cfg.dist.launcher_store):
+        cfg = resolve_layout(cfg)
         check_run(cfg)
         if args.check:
+            rows = f" ({cfg.rows_per_step} rows x {cfg.data.packing_factor})" \
+                if cfg.data.layout == "packed" else ""
             print(f"train --check: OK: global batch {cfg.global_batch_size} "
                   f"({cfg.dist.world_size} ranks x {cfg.train.batch_size} x "
-                  f"{cfg.train.gradient_steps}), LR {cfg.optim.lr}, MAX_STEPS "
+                  f"{cfg.train.gradient_steps}){rows}, layout {cfg.data.layout}, LR "
+                  f"{cfg.optim.lr}, MAX_STEPS "
                   f"{cfg.optim.max_steps}, first eval at {cfg.first_eval} samples then every "
                   f"{cfg.eval_interval}, data {cfg.data.train_dir}, eval {cfg.data.eval_file}")
             return 0

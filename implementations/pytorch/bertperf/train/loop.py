@@ -1,17 +1,25 @@
 """Init and the training loop. One optimizer step = GRADIENT_STEPS micro-batches of BATCHSIZE
-sequences per rank, backpropagated into the same grads (DDP reduces them on the last one), then a
-clipped LAMB step and a scheduler step.
+sequences (LAYOUT=packed: rows) per rank, backpropagated into the same grads (DDP reduces them on
+the last one), then a clipped LAMB step and a scheduler step.
 
 Loss normalisation (train_step): the step's loss is the MLM cross-entropy summed over every masked
 token of the step (all micro-batches, all ranks) divided by their number, plus the NSP
-cross-entropy summed over every sequence divided by theirs; the counts are all-reduced before
-backward. The MLPerf reference instead takes each micro-batch's mean and lets DDP average them,
-which equals the global mean only when every micro-batch holds the same number of masked tokens;
-with the global counts a W-rank run over the loader's global batches (LOADER_SPLIT=global_batch)
-computes the same gradient as a 1-rank run over the same global batch. Evals at
-EVAL_ITER_START_SAMPLES and every EVAL_ITER_SAMPLES after; the run stops with status success at
-the first eval >= target, aborted at MAX_SAMPLES_TERMINATION or MAX_STEPS, and aborted with exit
-status 1 on a non-finite loss."""
+cross-entropy summed over every sequence divided by theirs; the counts come from the loader (host
+metadata), are copied with the batches and summed over ranks on the device before backward. The
+MLPerf reference instead takes each micro-batch's mean and lets DDP average them, which equals the
+global mean only when every micro-batch holds the same number of masked tokens; with the global
+counts a W-rank run over the loader's global batches (LOADER_SPLIT=global_batch) computes the same
+gradient as a 1-rank run over the same global batch.
+
+Nothing inside a step waits for the device: the micro-batches are pinned and copied one ahead on a
+side stream (DeviceBatches), the divisors stay on the device, the non-finite-gradient skip and the
+LR are decided there (bertperf.optim), and the loss is accumulated there and read every LOG_FREQ
+steps and at evals (Interval). Samples are counted from the loader's host metadata: a packed step
+trains as many sequences as its rows hold (MLPerf counts sequences), a varlen step
+BATCHSIZE*GRADIENT_STEPS*ranks. Evals at EVAL_ITER_START_SAMPLES and every EVAL_ITER_SAMPLES
+after; the run stops with status success at the first eval >= target, aborted at
+MAX_SAMPLES_TERMINATION or MAX_STEPS, and aborted with exit status 1 when the loss read at a
+report or an eval is not finite."""
 
 from __future__ import annotations
 
@@ -23,27 +31,29 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812
 from mlperf_logging.mllog import constants as C  # noqa: N812
 from torch.nn.parallel import DistributedDataParallel
 
 from bertperf.benchmark import EVAL_SAMPLES
 from bertperf.config import RunConfig
+from bertperf.data.collate import max_masks_per_row
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
+from bertperf.errors import UserError
+from bertperf.formats.packed import packed_meta
 from bertperf.formats.samples import Samples
 from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
-from bertperf.model import BertForPreTraining, UnpaddedBatch
+from bertperf.model import BatchCounts, BertForPreTraining, PackedBatch, UnpaddedBatch
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
                             mlperf_hparams, param_groups, resolve_warmup)
 from bertperf.train import checkpoint, preflight, warmstart
 from bertperf.train import dist as distributed
-from bertperf.train.checks import check_run
+from bertperf.train.checks import check_run, resolve_layout
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -65,6 +75,11 @@ class Trainer:
     loader: ShardLoader
     eval_share: Samples
     log: MLPerfLogger
+    forward_loss: Callable[..., torch.Tensor]
+    """forward_loss, or its torch.compile'd form (COMPILE, USE_CUDA_GRAPH)."""
+    batches: DeviceBatches | None = None
+    """The micro-batches on the device, one ahead of the step (made when the loop starts, after
+    a resume has set the loader's position)."""
 
     def autocast(self):
         return autocast_for(self.cfg, self.device)()
@@ -81,7 +96,26 @@ def pick_device(cfg: RunConfig) -> torch.device:
     want = cfg.train.device
     if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", cfg.dist.local_rank)
+    if cfg.train.use_cuda_graph:
+        raise UserError("USE_CUDA_GRAPH=1 needs a CUDA device; none is available (DEVICE="
+                        f"{want})")
     return torch.device("cpu")
+
+
+def forward_loss(model: torch.nn.Module, inputs: Mapping, divisors: torch.Tensor) -> torch.Tensor:
+    """A micro-batch's share of the step's loss: the model's summed cross-entropies over the
+    step's divisors (train_step). This is what COMPILE compiles, and USE_CUDA_GRAPH replays."""
+    return model(**inputs, loss_divisors=divisors).loss
+
+
+def compiled(cfg: RunConfig, distributed_run: bool) -> Callable[..., torch.Tensor]:
+    """forward_loss, compiled as COMPILE and USE_CUDA_GRAPH ask (shapes static: packed rows)."""
+    if cfg.train.compile == "none" and not cfg.train.use_cuda_graph:
+        return forward_loss
+    backend = "inductor" if cfg.train.compile == "none" else cfg.train.compile
+    return torch.compile(forward_loss, backend=backend, dynamic=False,
+                         fullgraph=not distributed_run,  # DDP splits its graph at buckets
+                         mode="reduce-overhead" if cfg.train.use_cuda_graph else None)
 
 
 def rank0_printer(rank: int, prefix: str = "") -> Callable[[str], None]:
@@ -100,6 +134,7 @@ def seed_everything(seed: int) -> None:
 def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     """Build the run (between init_start and init_stop)."""
     device = pick_device(cfg)
+    cfg = resolve_layout(cfg)
     dist = distributed.init(cfg.dist, device)
     # one seed for the run: rank 0's (ranks started by `mpirun -np N run_and_time.sh` each draw
     # their own $RANDOM; the loader needs the same epoch order on every rank)
@@ -116,14 +151,25 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     warmup, start = resolve_warmup(opt.warmup_steps, opt.start_warmup_step, opt.max_steps,
                                    opt.warmup_proportion)
     scheduler = LinearWarmupPolyDecay(optimizer, warmup, opt.max_steps, start)
-    scaler = DynamicLossScaler(init_scale=opt.init_loss_scale) \
+    scaler = DynamicLossScaler(init_scale=opt.init_loss_scale, device=device) \
         if cfg.train.precision == "fp16" else None
-    loader = ShardLoader(ShardDataset.from_folder(cfg.data.train_dir), cfg.train.batch_size,
-                         rank=dist.rank, world_size=dist.world_size, seed=cfg.train.seed,
-                         layout="varlen", prefetch=cfg.data.prefetch, split=cfg.data.loader_split)
+    dataset = ShardDataset.from_folder(cfg.data.train_dir)
+    packed = cfg.data.layout == "packed"
+    masks = max_masks_per_row(dataset.max_seq_length, dataset.max_seqs_per_row, dataset.max_pred,
+                              cfg.data.masked_lm_prob) if packed else None
+    loader = ShardLoader(dataset, cfg.train.batch_size, rank=dist.rank,
+                         world_size=dist.world_size, seed=cfg.train.seed,
+                         layout=cfg.data.layout, prefetch=cfg.data.prefetch,
+                         split=cfg.data.loader_split, masks_per_row=masks)
     eval_share, eval_total = load_eval_share(cfg.data.eval_file, dist.rank, dist.world_size)
     report = rank0_printer(dist.rank)
     warn = rank0_printer(dist.rank, "warning: ")
+    if packed:
+        meta = packed_meta(dataset.files[0])
+        rate = meta["sequences"] / max(meta["rows"], 1)
+        if abs(rate - cfg.data.packing_factor) > 0.05 * cfg.data.packing_factor:
+            warn(f"{dataset.files[0]}: {rate:.3f} sequences per row, but global_batch_size "
+                 f"counts {cfg.data.packing_factor} (PACKING_FACTOR)")
     preflight.verify_inputs(dist, device, loader.dataset.files, not loader.dataset.packed,
                             cfg.data.eval_file, eval_share, eval_total,
                             core.config.vocab_size, cfg.data.verify, warn)
@@ -147,84 +193,120 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
         C.EVAL_SAMPLES: eval_total,
     })
     return Trainer(cfg, dist, device, core, model, optimizer, scheduler, scaler, loader,
-                   eval_share, log)
-
-
-def micro_batches(loader: ShardLoader, device: torch.device) -> Iterator[dict]:
-    """The rank's batches as model inputs on `device`, epoch after epoch."""
-    while True:
-        for arrays in loader:
-            inputs = UnpaddedBatch.from_arrays(arrays).inputs()
-            yield {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                   for k, v in inputs.items()}
+                   eval_share, log, compiled(cfg, dist.active))
 
 
 @dataclass(frozen=True)
-class StepResult:
-    """What one optimizer step reports; the same on every rank."""
+class MicroBatch:
+    """One micro-batch on the device, with what the host knows about it."""
 
-    loss: float
-    """The step's loss: MLM + NSP cross-entropy over every micro-batch of every rank (module
-    docstring)."""
-    tokens: int
-    """Tokens the step trained on, all micro-batches of all ranks."""
-
-
-def pretraining_loss(out, batch: dict, mlm_divisor: float, nsp_divisor: float) -> torch.Tensor:
-    """This micro-batch's share of the step's loss: its summed cross-entropies over the step's
-    divisors (train_step)."""
-    mlm = F.cross_entropy(out.mlm_logits.float(), batch["masked_lm_ids"].long(), reduction="sum")
-    nsp = F.cross_entropy(out.nsp_logits.float(), batch["next_sentence_labels"].long(),
-                          reduction="sum")
-    return mlm / mlm_divisor + nsp / nsp_divisor
+    inputs: dict
+    """The model's keyword arguments (UnpaddedBatch or PackedBatch inputs(), on the device)."""
+    counts: torch.Tensor
+    """[2] float64 on the device: this rank's masked tokens and sequences (the loss divisors'
+    share), copied from the host with the batch."""
+    host: BatchCounts
+    """The loader's counts, on the host."""
 
 
-def train_step(trainer: Trainer, batches: Iterator[dict]) -> StepResult:
-    """One optimizer step over GRADIENT_STEPS micro-batches of this rank."""
-    dist, accumulation = trainer.dist, trainer.cfg.train.gradient_steps
-    micro = [next(batches) for _ in range(accumulation)]
-    counts = dist.sum(torch.tensor(
-        [[b["masked_lm_ids"].numel(), b["next_sentence_labels"].numel()] for b in micro],
-        dtype=torch.float64, device=trainer.device).sum(0))
+class DeviceBatches:
+    """The loader's batches, epoch after epoch, as MicroBatches on `device`, one ahead: when a
+    micro-batch is handed out, the next one is pinned and copied (non_blocking, on a side stream
+    on CUDA) while the step works on this one; on the CPU the same path without the stream.
+    `state_dict()` is the loader's position after the last micro-batch handed out (the one
+    copied ahead is not yet consumed), for checkpoints."""
+
+    def __init__(self, loader: ShardLoader, device: torch.device, batch_type: type) -> None:
+        self.loader, self.device, self.batch_type = loader, device, batch_type
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.arrays = self._epochs()
+        self.ahead = self._copy()
+
+    def _epochs(self) -> Iterator[tuple[Mapping, dict]]:
+        while True:
+            for arrays in self.loader:
+                yield arrays, self.loader.state_dict()
+
+    def _copy(self) -> tuple[MicroBatch, dict]:
+        arrays, state = next(self.arrays)
+        host = BatchCounts.from_arrays(arrays)
+        batch = self.batch_type.from_arrays(arrays)
+        counts = torch.tensor([host.masked, host.sequences], dtype=torch.float64)
+        if self.stream is not None:
+            batch, counts = batch.pin_memory(), counts.pin_memory()
+        with torch.cuda.stream(self.stream) if self.stream is not None else \
+                contextlib.nullcontext():
+            batch = batch.to(self.device, non_blocking=True)
+            counts = counts.to(self.device, non_blocking=True)
+        return MicroBatch(batch.inputs(), counts, host), state
+
+    def __next__(self) -> MicroBatch:
+        micro, self.state = self.ahead
+        if self.stream is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.stream)
+            for t in [micro.counts, *micro.inputs.values()]:
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(current)
+        self.ahead = self._copy()
+        return micro
+
+    def state_dict(self) -> dict:
+        return self.state
+
+
+def train_step(trainer: Trainer, micro: list[MicroBatch]) -> torch.Tensor:
+    """One optimizer step over this rank's GRADIENT_STEPS micro-batches. Returns this rank's
+    share of the step's loss (a 0-d float64 device tensor; summed over ranks and divided by the
+    world size it is the step's loss, module docstring), read by nobody inside the step."""
+    dist, last = trainer.dist, len(micro) - 1
     # DDP averages gradients over ranks: * world_size makes that average the global sum
-    mlm_divisor, nsp_divisor = (counts.clamp(min=1) / dist.world_size).tolist()
-    totals = torch.zeros(2, dtype=torch.float64, device=trainer.device)  # this rank's loss, tokens
-    for i, batch in enumerate(micro):
-        reduce_now = i == accumulation - 1 or not dist.active  # DDP reduces on the last one
+    divisors = dist.sum(torch.stack([m.counts for m in micro]).sum(0)).clamp(min=1) \
+        / dist.world_size
+    total = torch.zeros((), dtype=torch.float64, device=trainer.device)
+    for i, m in enumerate(micro):
+        reduce_now = i == last or not dist.active  # DDP reduces on the last one
         with contextlib.nullcontext() if reduce_now else trainer.model.no_sync():
             with trainer.autocast():
-                loss = pretraining_loss(trainer.model(**batch), batch, mlm_divisor, nsp_divisor)
+                loss = trainer.forward_loss(trainer.model, m.inputs, divisors)
             (trainer.scaler.scale_loss(loss) if trainer.scaler else loss).backward()
-        totals[0] += loss.detach().double()
-        totals[1] += batch["input_ids"].numel()
+        total += loss.detach()
     outcome = clipped_step(trainer.optimizer, trainer.cfg.optim.max_grad_norm or None,
                            trainer.scaler)
-    if not outcome.skipped:
-        trainer.scheduler.step()
+    trainer.scheduler.step(outcome.ok)
     trainer.optimizer.zero_grad(set_to_none=True)
-    loss, tokens = dist.sum(totals).tolist()
-    return StepResult(loss / dist.world_size, int(tokens))
+    return total
 
 
-class Throughput:
-    """Sequences and tokens per second since the last progress line."""
+class Interval:
+    """The loss, summed on the device, and the tokens, sequences and time since the last
+    report; `read` is the one place the loop waits for the device (every LOG_FREQ steps and at
+    evals)."""
 
-    def __init__(self, step: int) -> None:
-        self.restart(step)
+    def __init__(self, device: torch.device) -> None:
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.restart()
 
-    def restart(self, step: int) -> None:
-        self.since, self.step, self.tokens = time.perf_counter(), step, 0
+    def restart(self) -> None:
+        self.loss.zero_()
+        self.steps = self.tokens = self.sequences = 0
+        self.since = time.perf_counter()
 
-    def add(self, tokens: int) -> None:
-        self.tokens += tokens
+    def add(self, loss: torch.Tensor, micro: list[MicroBatch]) -> None:
+        self.loss += loss
+        self.steps += 1
+        self.tokens += sum(m.host.tokens for m in micro)
+        self.sequences += sum(m.host.global_sequences for m in micro)
 
-    def report(self, step: int, global_batch_size: int) -> str:
-        """The rates up to `step`, which starts the next interval."""
+    def read(self, dist: distributed.Dist) -> tuple[float, str]:
+        """(mean step loss of the interval, its rates), summed over ranks; starts the next one."""
+        loss, tokens = dist.sum(torch.stack([self.loss, self.loss.new_tensor(self.tokens)])
+                                ).tolist()
         seconds = time.perf_counter() - self.since
-        text = (f"seq/s {(step - self.step) * global_batch_size / seconds:.1f} "
-                f"tokens/s {self.tokens / seconds:.0f}")
-        self.restart(step)
-        return text
+        mean = loss / dist.world_size / max(self.steps, 1)
+        rates = f"seq/s {self.sequences / seconds:.1f} tokens/s {tokens / seconds:.0f}"
+        self.restart()
+        return mean, rates
 
 
 @dataclass(frozen=True)
@@ -247,29 +329,33 @@ def run_loop(trainer: Trainer, progress: Callable[[str], None],
     evaluate = functools.partial(mlm_accuracy, trainer.core, trainer.eval_share,
                                  cfg.train.eval_batch_size, trainer.dist, trainer.device,
                                  trainer.autocast)
-    batches = micro_batches(trainer.loader, trainer.device)
+    trainer.batches = DeviceBatches(trainer.loader, trainer.device,
+                                    PackedBatch if cfg.data.layout == "packed" else UnpaddedBatch)
     step, samples, next_eval = (start.step, start.samples, start.next_eval) if start \
         else (0, 0, cfg.first_eval)
     blocks = Blocks(trainer.log)
     blocks.start(samples)
     trainer.model.train()
-    throughput = Throughput(step)
+    interval = Interval(trainer.device)
     while True:
-        result = train_step(trainer, batches)
+        micro = [next(trainer.batches) for _ in range(cfg.train.gradient_steps)]
+        interval.add(train_step(trainer, micro), micro)
         step += 1
-        samples += cfg.global_batch_size
-        if not math.isfinite(result.loss):
-            progress(f"step {step}: non-finite loss {result.loss}; aborting")
-            blocks.stop(samples)
-            return Stop(C.ABORTED, samples, nonfinite=True)
-        throughput.add(result.tokens)
-        if cfg.train.log_every and step % cfg.train.log_every == 0:
-            lr = trainer.optimizer.param_groups[0]["lr"]
-            progress(f"step {step} samples {samples} loss {result.loss:.4f} lr {lr:.3e} "
-                     + throughput.report(step, cfg.global_batch_size))
-            trainer.log.event(TRAIN_LOSS, result.loss,
-                              metadata={"samples_count": samples, "step": step, "lr": lr})
+        samples += sum(m.host.global_sequences for m in micro)
+        logged = bool(cfg.train.log_every) and step % cfg.train.log_every == 0
         evaluated = samples >= next_eval
+        capped = samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps
+        if logged or evaluated or capped:
+            loss, rates = interval.read(trainer.dist)
+            if not math.isfinite(loss):
+                progress(f"step {step}: non-finite loss {loss}; aborting")
+                blocks.stop(samples)
+                return Stop(C.ABORTED, samples, nonfinite=True)
+            if logged:
+                lr = float(trainer.optimizer.param_groups[0]["lr"])
+                progress(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} {rates}")
+                trainer.log.event(TRAIN_LOSS, loss,
+                                  metadata={"samples_count": samples, "step": step, "lr": lr})
         if evaluated:
             while next_eval <= samples:
                 next_eval += cfg.eval_interval
@@ -278,7 +364,7 @@ def run_loop(trainer: Trainer, progress: Callable[[str], None],
             if accuracy >= cfg.train.target_accuracy:
                 return Stop(C.SUCCESS, samples)
         checkpoint.maybe_save(trainer, step, samples, next_eval)  # CHECKPOINT_EVERY, and the end
-        if samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps:
+        if capped:
             blocks.stop(samples)
             return Stop(C.ABORTED, samples)
         blocks.start(samples)  # after an eval
