@@ -1,17 +1,26 @@
-"""bertperf.kernels: each implementation against its plain reference, forward and backward
-(float64 on CPU; the CUDA-only paths are in tests/gpu/test_kernels_gpu.py). Variable-length
-attention has its own file, test_attention.py."""
+"""bertperf.kernels, the plain PyTorch paths (what CPU runs): each against its reference forward
+and backward in float64, the model's own modules, and the activation dtype under bf16 autocast.
+The Triton kernels are tested in test_triton_kernels.py, attention in test_attention.py."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from bertperf.kernels import (bias_gelu, bias_gelu_reference, dropout_add_layer_norm,
-                              dropout_add_layer_norm_reference)
+from bertperf.kernels import (LambLayout, bias_gelu, bias_gelu_layer_norm,
+                              bias_gelu_layer_norm_reference, bias_gelu_reference,
+                              cross_entropy_sum, cross_entropy_sum_reference,
+                              dropout_add_layer_norm, dropout_add_layer_norm_reference,
+                              embedding_layer_norm, embedding_layer_norm_reference, lamb_step,
+                              lamb_step_reference)
+from bertperf.model import BertConfig, BertForPreTraining
+from bertperf.model.layers import BertEmbeddings
+from bertperf.optim import Lamb, param_groups
 
 F64 = dict(dtype=torch.float64)
 
@@ -33,6 +42,19 @@ def assert_same_fwd_bwd(fast, ref, inputs: list[torch.Tensor], rtol=1e-12, atol=
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
+def bf16_linear(rows: int, features: int) -> torch.Tensor:
+    """A GEMM output as the model makes it under CPU bf16 autocast (call inside autocast)."""
+    out = F.linear(torch.randn(rows, 8), torch.randn(features, 8))
+    assert out.dtype == torch.bfloat16
+    return out
+
+
+def test_importing_kernels_loads_no_triton():
+    code = "import sys, bertperf.kernels; print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 # ---- bias + GeLU -------------------------------------------------------------------------------
 
 def test_bias_gelu_matches_reference():
@@ -50,26 +72,217 @@ def test_bias_gelu_is_the_exact_erf_gelu():
                               F.gelu(y, approximate="tanh"), rtol=1e-6, atol=0)
 
 
+def test_bias_gelu_keeps_the_activation_dtype_under_autocast():
+    """The fp32 bias must not turn the bf16 [T, 4096] intermediate into fp32."""
+    bias = torch.randn(48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = bf16_linear(6, 48)
+        assert bias_gelu(x, bias).dtype == torch.bfloat16
+        assert bias_gelu_layer_norm(x, bias, torch.ones(48), torch.zeros(48), 1e-5).dtype \
+            == torch.bfloat16
+
+
 # ---- dropout + residual + LayerNorm ------------------------------------------------------------
 
 def test_dropout_add_layer_norm_matches_reference_without_dropout():
-    x, r, w, b = leaves((6, 32), (6, 32), (32,), (32,))
+    x, r, w, b, db = leaves((6, 32), (6, 32), (32,), (32,), (32,))
     assert_same_fwd_bwd(lambda *a: dropout_add_layer_norm(*a, 0.0, 1e-12),
                         lambda *a: dropout_add_layer_norm_reference(*a, 0.0, 1e-12), [x, r, w, b])
+    assert_same_fwd_bwd(lambda *a: dropout_add_layer_norm(*a[:4], 0.0, 1e-12, dense_bias=a[4]),
+                        lambda *a: dropout_add_layer_norm_reference(*a[:4], 0.0, 1e-12,
+                                                                    dense_bias=a[4]),
+                        [x, r, w, b, db])
 
 
-def test_dropout_add_layer_norm_matches_reference_with_dropout():
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dropout_add_layer_norm_matches_reference_with_dropout(with_bias):
     p = 0.25
-    x, r, w, b = leaves((64, 32), (64, 32), (32,), (32,))
+    x, r, w, b, db = leaves((64, 32), (64, 32), (32,), (32,), (32,))
+    dense_bias = db if with_bias else None
     torch.manual_seed(7)  # the same draws as F.dropout(x): bernoulli over x's shape
     keep = F.dropout(torch.ones_like(x), p, training=True) != 0
     assert 0.6 < keep.double().mean() < 0.9
 
     def fast(*a):
         torch.manual_seed(7)
-        return dropout_add_layer_norm(*a, p, 1e-5)
+        return dropout_add_layer_norm(*a[:4], p, 1e-5, dense_bias=dense_bias)
 
-    assert_same_fwd_bwd(fast, lambda *a: dropout_add_layer_norm_reference(*a, p, 1e-5, keep),
-                        [x, r, w, b])
+    assert_same_fwd_bwd(fast, lambda *a: dropout_add_layer_norm_reference(
+        *a[:4], p, 1e-5, keep, dense_bias=dense_bias), [x, r, w, b, db] if with_bias else
+        [x, r, w, b])
     with pytest.raises(ValueError):
         dropout_add_layer_norm_reference(x, r, w, b, p, 1e-5)
+
+
+def test_dropout_add_layer_norm_output_in_the_activation_dtype():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = bf16_linear(6, 32)
+        out = dropout_add_layer_norm(x, x.detach().clone(), torch.ones(32), torch.zeros(32), 0.1,
+                                     1e-5, dense_bias=torch.randn(32))
+    assert out.dtype == torch.bfloat16
+
+
+# ---- MLM head transform ------------------------------------------------------------------------
+
+def test_bias_gelu_layer_norm_matches_reference():
+    x, b, w, lb = leaves((9, 24), (24,), (24,), (24,))
+    assert_same_fwd_bwd(lambda *a: bias_gelu_layer_norm(*a, 1e-12),
+                        lambda *a: bias_gelu_layer_norm_reference(*a, 1e-12), [x, b, w, lb])
+
+
+# ---- embeddings + LayerNorm --------------------------------------------------------------------
+
+CONFIG = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32, max_position_embeddings=12, hidden_dropout_prob=0.1)
+
+
+def embedding_inputs(tokens: int = 40, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, CONFIG.vocab_size, (tokens,), generator=g),
+            torch.randint(0, CONFIG.type_vocab_size, (tokens,), generator=g),
+            torch.randint(0, CONFIG.max_position_embeddings, (tokens,), generator=g))
+
+
+def test_embedding_layer_norm_matches_reference():
+    ids = embedding_inputs()
+    tables = leaves((CONFIG.vocab_size, 16), (12, 16), (2, 16), (16,), (16,))
+    assert_same_fwd_bwd(lambda *t: embedding_layer_norm(*ids, *t, 1e-12),
+                        lambda *t: embedding_layer_norm_reference(*ids, *t, 1e-12), tables)
+    torch.manual_seed(3)
+    keep = F.dropout(torch.ones(len(ids[0]), 16, **F64), 0.1, training=True) != 0
+
+    def fast(*t):
+        torch.manual_seed(3)
+        return embedding_layer_norm(*ids, *t, 1e-12, 0.1)
+
+    assert_same_fwd_bwd(fast, lambda *t: embedding_layer_norm_reference(*ids, *t, 1e-12, 0.1,
+                                                                        keep), tables)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_embedding_layer_norm_is_bert_embeddings(training):
+    """The same arguments as the model's BertEmbeddings (word + position + token type,
+    LayerNorm, dropout), bit for bit, dropout's draws included."""
+    torch.manual_seed(0)
+    module = BertEmbeddings(CONFIG).train(training)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.normal_()
+    ids, segments, positions = embedding_inputs()
+    torch.manual_seed(5)
+    expected = module(ids, segments, positions)
+    torch.manual_seed(5)
+    out = embedding_layer_norm(ids, segments, positions, module.word_embeddings.weight,
+                               module.position_embeddings.weight,
+                               module.token_type_embeddings.weight, module.LayerNorm.weight,
+                               module.LayerNorm.bias, module.LayerNorm.eps,
+                               CONFIG.hidden_dropout_prob if training else 0.0)
+    assert torch.equal(out, expected)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert embedding_layer_norm(ids, segments, positions, module.word_embeddings.weight,
+                                    module.position_embeddings.weight,
+                                    module.token_type_embeddings.weight, module.LayerNorm.weight,
+                                    module.LayerNorm.bias, 1e-12).dtype == torch.bfloat16
+
+
+# ---- cross-entropy over the vocabulary ---------------------------------------------------------
+
+def ce_inputs(rows: int = 12, vocab: int = 50, padded: int = 56, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    full = (3 * torch.randn(rows, padded, generator=g, **F64)).requires_grad_()
+    labels = torch.randint(0, vocab, (rows,), generator=g)
+    weights = torch.rand(rows, generator=g, **F64)
+    weights[[1, 7]] = 0.0
+    return full, labels, weights
+
+
+def test_cross_entropy_sum_matches_reference_and_aten():
+    full, labels, weights = ce_inputs()
+    assert_same_fwd_bwd(lambda f: cross_entropy_sum(f[:, :50], labels, weights),
+                        lambda f: cross_entropy_sum_reference(f[:, :50], labels, weights), [full],
+                        rtol=1e-6, atol=1e-6)  # the plain path computes in fp32
+    ones = torch.ones_like(weights)
+    torch.testing.assert_close(cross_entropy_sum_reference(full[:, :50], labels, ones),
+                               F.cross_entropy(full[:, :50], labels, reduction="sum"))
+
+
+def test_cross_entropy_padding_slots_count_as_nothing():
+    full, labels, weights = ce_inputs()
+    other = full.detach().clone()
+    other[[1, 7]] = float("inf")
+    for fn in (cross_entropy_sum, cross_entropy_sum_reference):
+        assert fn(other[:, :50], labels, weights).item() == pytest.approx(
+            fn(full[:, :50], labels, weights).item(), rel=1e-6)
+        grad, = torch.autograd.grad(fn(full[:, :50], labels, weights), [full])
+        assert not grad[[1, 7]].any() and not grad[:, 50:].any()
+
+
+# ---- LAMB over flat buffers --------------------------------------------------------------------
+
+def flat_setup(model: torch.nn.Module, block: int = LambLayout.BLOCK):
+    """param_groups(model) as a LambLayout, the flat fp32 copies of the weights, zero moments."""
+    groups = param_groups(model, 0.01)
+    params = [p for g in groups for p in g["params"]]
+    layout = LambLayout([p.numel() for p in params],
+                        [g["weight_decay"] for g in groups for _ in g["params"]],
+                        [Lamb.adapts(g) for g in groups for _ in g["params"]], "cpu", block)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    return groups, params, layout, [flat, torch.zeros_like(flat), torch.zeros_like(flat)]
+
+
+def tiny_bert() -> BertForPreTraining:
+    torch.manual_seed(0)
+    return BertForPreTraining(BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, intermediate_size=32,
+                                         max_position_embeddings=16))
+
+
+@pytest.mark.parametrize("options", [dict(), dict(bias_correction=False),
+                                     dict(grad_averaging=False), dict(tensor_lr=True),
+                                     dict(skip_second=True)])
+def test_lamb_step_is_lamb(options):
+    """Step by step on a small BERT's parameters (decayed and adapted, and bias/LayerNorm
+    groups): the flat step gives Lamb's weights and moments bit for bit on CPU, a step skipped
+    on the device (ok False, the count as a tensor) included."""
+    options = dict(options)
+    tensor_lr, skip_second = options.pop("tensor_lr", False), options.pop("skip_second", False)
+    model = tiny_bert()
+    groups, params, layout, (flat, m, v) = flat_setup(model)
+    lr = torch.tensor(3e-3) if tensor_lr else 3e-3
+    opt = Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, **options)
+    g = torch.Generator().manual_seed(1)
+    count = torch.zeros((), dtype=torch.float64)
+    for step in range(1, 4):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        ok = torch.tensor(step != 2) if skip_second else None
+        opt.step(ok=ok)
+        count += 1 if ok is None else ok.double()
+        grads = torch.cat([p.grad.reshape(-1) for p in params])
+        lamb_step(layout, flat, grads, m, v, lr=lr, betas=(0.9, 0.999), eps=1e-6,
+                  step=count if skip_second else step, ok=ok, **options)
+        assert torch.equal(flat, torch.cat([p.detach().reshape(-1) for p in params]))
+        assert torch.equal(m, torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in params]))
+        assert torch.equal(v, torch.cat([opt.state[p]["exp_avg_sq"].reshape(-1)
+                                         for p in params]))
+
+
+def test_lamb_layout_tables():
+    layout = LambLayout([5, 0, 9], [0.01, 0.0, 0.0], [True, False, False], "cpu", block=4)
+    assert layout.numel == 14
+    assert layout.offsets.tolist() == [0, 5, 5, 14]
+    assert layout.tensor_chunks.tolist() == [0, 2, 2, 5]
+    assert layout.chunk_tensor.tolist() == [0, 0, 2, 2, 2]
+    with pytest.raises(ValueError):
+        LambLayout([5], [0.0, 0.0], [True], "cpu")
+
+
+def test_lamb_reference_is_the_cpu_path():
+    model = tiny_bert()
+    _, params, layout, bufs = flat_setup(model)
+    other = [b.clone() for b in bufs]
+    grads = torch.randn(layout.numel, generator=torch.Generator().manual_seed(2))
+    hyper = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-6, step=1)
+    lamb_step(layout, bufs[0], grads, *bufs[1:], **hyper)
+    lamb_step_reference(layout, other[0], grads, *other[1:], **hyper)
+    assert all(torch.equal(a, b) for a, b in zip(bufs, other))
