@@ -1,0 +1,440 @@
+"""A step-time model for the GPU: the training step's operator trace priced with a roofline. It is
+a model, not a measurement.
+
+Trace (`trace`): a step runs once to create its lazy state (gradients, optimizer moments), then
+again under a TorchDispatchMode that records every ATen operator launching a kernel: its FLOPs,
+the tensors it reads and writes (by storage and view) and their bytes, its phase (backward: an
+autograd node is running; optimizer: called from bertperf.optim; forward otherwise) and the
+bertperf function that issued it (for backward operators the forward operator's, from the
+tracebacks anomaly mode keeps). The caller runs it on fake tensors (FakeTensorMode: shapes and
+dtypes, no data), so BERT-large at the MLPerf batch is traced in seconds on a CPU. Views,
+allocations and detaches launch nothing and are not recorded; a host sync (`Tensor.item` and what
+calls it) is counted and answered with 1. Under CPU autocast, layer_norm, softmax and
+log_softmax are run in float32, as CUDA autocast runs them (CPU autocast keeps them in bfloat16).
+
+Price (`step_cost`): every kernel takes max(FLOPs / rate, bytes / bandwidth, launches x launch
+cost); rate: the tensor-core peak for fp16/bf16 matmuls (times MATMUL_EFFICIENCY) and for
+attention (times the GPU's FlashAttention fraction), the float32 peak for everything else; the
+bandwidth times MEMORY_EFFICIENCY. Not modelled: overlap of the host's launches with the GPU's work, caches,
+kernel efficiency below the stated fractions, host syncs, data loading, communication.
+
+Attention (`flash_attention`): on the CPU the model pads the sequences into a dense batch; on CUDA
+it runs one variable-length FlashAttention kernel per layer, forward and backward. The traced
+operators of each attention call are replaced by that kernel: forward 4 d sum(L^2) FLOPs, reading
+q, k, v and writing the output and the log-sum-exp; backward 2.5 times the forward FLOPs (it
+recomputes Q K^T), reading q, k, v, output, its gradient and the log-sum-exp, writing dq, dk, dv.
+
+Fusion (`fuse`): a run of consecutive operators becomes one kernel that reads the tensors it
+gets from outside the run once and writes only what is read after the run or outlives the step
+(parameters, gradients, optimizer state); its FLOPs are the run's.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import re
+import sys
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+PACKAGE = Path(__file__).resolve().parents[1]
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """The datasheet numbers the model prices kernels with."""
+
+    name: str
+    tensor_flops: float
+    """Dense fp16/bf16 tensor-core peak, FLOP/s."""
+    vector_flops: float
+    """float32 peak without tensor cores, FLOP/s."""
+    bandwidth: float
+    """Memory bandwidth, bytes/s."""
+    attention_efficiency: float
+    """Fraction of the tensor-core peak FlashAttention-2's kernels reach on this GPU."""
+
+
+GPUS = (
+    Gpu("A100 80GB SXM", 312e12, 19.5e12, 2.039e12, 0.5),
+    Gpu("H100 80GB SXM", 989e12, 67e12, 3.35e12, 0.35),
+)
+"""NVIDIA's datasheets: A100 80GB SXM (bf16 tensor 312 TFLOP/s dense, fp32 19.5 TFLOP/s,
+HBM2e 2,039 GB/s); H100 SXM (bf16 tensor 1,979 TFLOP/s with sparsity = 989 dense, fp32
+67 TFLOP/s, HBM3 3.35 TB/s). FlashAttention-2 reaches 50-73 % of the A100's peak (its paper,
+arXiv 2307.08691; head size 64 and the backward sit at the low end) and about 35 % of the
+H100's (FlashAttention-3's paper, arXiv 2407.08608)."""
+MATMUL_EFFICIENCY = 0.8
+"""Fraction of the tensor-core peak a large cuBLAS GEMM reaches (about 790 of 989 TFLOP/s)."""
+MEMORY_EFFICIENCY = 0.9
+"""Fraction of the bandwidth a streaming kernel reaches (about 3.0 of 3.35 TB/s)."""
+LAUNCH_SECONDS = 5e-6
+"""Eager PyTorch: host time to dispatch and launch one kernel."""
+GRAPH_LAUNCH_SECONDS = 1e-6
+"""A kernel replayed from a CUDA graph."""
+
+# torch's multi_tensor_apply (foreach kernels): tensors per launch by number of tensor lists,
+# chunks of 65,536 elements, 320 chunks per launch
+_FOREACH_TENSORS = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
+_FOREACH_CHUNK, _FOREACH_BLOCKS = 65536, 320
+_MATMULS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
+_NO_KERNEL = {aten.detach, aten.lift_fresh, aten._unsafe_view, aten.empty, aten.empty_like,
+              aten.empty_strided, aten.new_empty, aten.new_empty_strided}
+_SYNCS = {aten._local_scalar_dense}
+FLASH = "flash_attention_varlen"
+_TRACEBACK_LINE = re.compile(r'File "(.+)", line \d+, in (\S+)')
+
+
+@dataclass(frozen=True)
+class Access:
+    """A tensor an operator reads or writes: its storage (numbered in trace order), which part
+    of it, and the bytes that part holds (broadcast dimensions counted once)."""
+
+    storage: int
+    view: tuple
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel of the trace (or several fused into one)."""
+
+    name: str
+    phase: str
+    """forward, backward or optimizer."""
+    region: str
+    """The bertperf function that issued it ("kernels.bias_gelu.bias_gelu"), "" if none."""
+    flops: float
+    reads: tuple[Access, ...] = ()
+    writes: tuple[Access, ...] = ()
+    matmul: bool = False
+    """A matmul (or attention) kernel: not fused with its neighbours."""
+    tensor_cores: bool = False
+    """fp16/bf16 matmul, priced at the tensor-core rate (others at the float32 rate)."""
+    created: frozenset[int] = frozenset()
+    """Storages this kernel allocates."""
+    launches: int = 1
+    nbytes: float | None = None
+    """Bytes moved, when not the sum of the distinct reads and writes."""
+
+    @property
+    def bytes(self) -> float:
+        if self.nbytes is not None:
+            return self.nbytes
+        return float(sum(a.nbytes for a in set(self.reads)) + sum(a.nbytes for a in set(self.writes)))
+
+
+@dataclass
+class Trace:
+    ops: list[Op]
+    syncs: int
+    """Host syncs (Tensor.item and what calls it) during the step."""
+
+
+# ---- recording -----------------------------------------------------------------------------------
+
+@functools.cache
+def _module(filename: str) -> str | None:
+    """bertperf/kernels/bias_gelu.py -> "kernels.bias_gelu"; None outside the package (and for
+    bench/, which drives the step)."""
+    try:
+        rel = Path(filename).resolve().relative_to(PACKAGE)
+    except ValueError:
+        return None
+    return None if rel.parts[0] == "bench" else ".".join(rel.with_suffix("").parts)
+
+
+def _bertperf_frames(frames: Iterable[tuple[str, str]]) -> list[str]:
+    """'module.function' of the bertperf frames among (file, function) pairs, innermost first."""
+    return [f"{m}.{fn}" for filename, fn in frames if (m := _module(filename)) is not None]
+
+
+def _python_frames() -> Iterable[tuple[str, str]]:
+    frame = sys._getframe(2)
+    while frame is not None:
+        yield frame.f_code.co_filename, frame.f_code.co_name
+        frame = frame.f_back
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct elements a tensor view covers (an expanded dimension counts once)."""
+    return math.prod(n for n, s in zip(t.shape, t.stride()) if s != 0) * t.element_size()
+
+
+def foreach_launches(lists: Sequence[Sequence[torch.Tensor]]) -> int:
+    """Kernels torch's multi_tensor_apply launches for a foreach operator on these tensor lists."""
+    tensors = lists[0]
+    per_launch = _FOREACH_TENSORS.get(len(lists), 30)
+    chunks = sum(-(-t.numel() // _FOREACH_CHUNK) for t in tensors)
+    return max(1, -(-len(tensors) // per_launch), -(-chunks // _FOREACH_BLOCKS))
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[Op] = []
+        self.syncs = 0
+        self._ids: dict[int, int] = {}
+        self._count = itertools.count()
+        self._has_data: set[int] = set()
+
+    def _storage(self, t: torch.Tensor, fresh: bool = False) -> int:
+        key = t.untyped_storage()._cdata
+        if fresh or key not in self._ids:
+            self._ids[key] = next(self._count)
+            if not fresh:  # first seen as an input: it existed before the step, with data
+                self._has_data.add(self._ids[key])
+        return self._ids[key]
+
+    def _access(self, t: torch.Tensor, storage: int) -> Access:
+        return Access(storage, (t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype),
+                      _nbytes(t))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket in _SYNCS:
+            self.syncs += 1
+            return 1
+        ins = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        in_keys = {t.untyped_storage()._cdata for t in ins}
+        out = func(*args, **kwargs)
+        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if func.namespace == "prim" or func.is_view or func.overloadpacket in _NO_KERNEL:
+            for t in outs:  # a new allocation, no data yet
+                if t.untyped_storage()._cdata not in in_keys:
+                    self._storage(t, fresh=True)
+            return out
+        mutated = set()
+        for i, a in enumerate(func._schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                value = args[i] if i < len(args) else kwargs.get(a.name)
+                mutated |= {id(t) for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)}
+        reads, writes, created = [], [], set()
+        for t in ins:
+            sid = self._storage(t)
+            if id(t) not in mutated or sid in self._has_data:  # an output buffer is not read
+                reads.append(self._access(t, sid))
+            if id(t) in mutated:
+                writes.append(self._access(t, sid))
+        for t in outs:
+            fresh = t.untyped_storage()._cdata not in in_keys
+            sid = self._storage(t, fresh=fresh)
+            if fresh:
+                created.add(sid)
+            writes.append(self._access(t, sid))
+        self._has_data.update(a.storage for a in writes)
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            lines = node.metadata.get("traceback_", [])
+            frames = [m.groups() for line in reversed(lines)
+                      if (m := _TRACEBACK_LINE.search(line))]
+            stack, phase = _bertperf_frames(frames), "backward"
+        else:
+            stack = _bertperf_frames(_python_frames())
+            phase = "optimizer" if any(f.startswith("optim.") for f in stack) else "forward"
+        low = any(t.dtype in (torch.float16, torch.bfloat16) for t in outs)
+        if func.overloadpacket in _MATMULS:
+            a, b = ins[-2], ins[-1]
+            flops = 2.0 * math.prod(a.shape) * b.shape[-1]
+        else:
+            flops = float(max((t.numel() for t in ins + outs), default=0))
+        launches = 1
+        if func.name().startswith("aten::_foreach_"):
+            lists = [v for v in args if isinstance(v, (list, tuple)) and v
+                     and isinstance(v[0], torch.Tensor)]
+            launches = foreach_launches(lists) if lists else 1
+        self.ops.append(Op(func.name().removeprefix("aten::"), phase, stack[0] if stack else "",
+                           flops, tuple(reads), tuple(writes),
+                           matmul=func.overloadpacket in _MATMULS,
+                           tensor_cores=func.overloadpacket in _MATMULS and low,
+                           created=frozenset(created), launches=launches))
+        return out
+
+
+class _CudaAutocastFp32(TorchFunctionMode):
+    """Under CPU autocast, run layer_norm, softmax and log_softmax in float32, as CUDA autocast
+    does."""
+
+    FUNCTIONS = frozenset({F.layer_norm, F.softmax, F.log_softmax, torch.softmax, torch.log_softmax,
+                 torch.Tensor.softmax, torch.Tensor.log_softmax})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FUNCTIONS and torch.is_autocast_enabled("cpu"):
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t.float() if t.is_floating_point() else t, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def trace(step: Callable[[], object]) -> Trace:
+    """The kernels of `step()`, run once to create lazy state and then recorded (module
+    docstring). Call it inside the FakeTensorMode the step's tensors belong to."""
+    step()
+    recorder = _Recorder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # anomaly mode announces itself
+        with torch.autograd.set_detect_anomaly(True, check_nan=False), _CudaAutocastFp32(), \
+                recorder:
+            step()
+    return Trace(recorder.ops, recorder.syncs)
+
+
+# ---- transforming ----------------------------------------------------------------------------------
+
+def _runs(ops: Sequence[Op], key: Callable[[Op], Hashable | None]):
+    """(key, start, stop) of the maximal runs of consecutive operators with the same key."""
+    start = 0
+    for k, group in itertools.groupby(ops, key):
+        n = len(list(group))
+        yield k, start, start + n
+        start += n
+
+
+def fuse(ops: Sequence[Op], key: Callable[[Op], Hashable | None],
+         make: Callable[[Sequence[Op], tuple, tuple], Op] | None = None,
+         min_ops: int = 2) -> list[Op]:
+    """Each run of at least `min_ops` consecutive operators with the same key (None: leave as
+    is) as one kernel (`make(run, reads, writes)`, default: a fused elementwise kernel) that
+    reads what the run gets from outside once and writes what is read after the run or
+    outlives the step."""
+    readers: dict[int, list[int]] = defaultdict(list)
+    for i, op in enumerate(ops):
+        for a in op.reads:
+            readers[a.storage].append(i)
+    created = set().union(*(op.created for op in ops))
+    out: list[Op] = []
+    for k, start, stop in _runs(ops, key):
+        run = ops[start:stop]
+        if k is None or len(run) < min_ops:
+            out.extend(run)
+            continue
+        inside = set().union(*(op.created for op in run))
+        reads = tuple(dict.fromkeys(a for op in run for a in op.reads if a.storage not in inside))
+        writes = tuple(dict.fromkeys(
+            a for op in run for a in op.writes
+            if a.storage not in created or any(j >= stop for j in readers[a.storage])))
+        out.append((make or _fused)(run, reads, writes))
+    return out
+
+
+def _fused(run: Sequence[Op], reads: tuple, writes: tuple) -> Op:
+    regions = {op.region for op in run}
+    return Op(f"fused({len(run)})", run[0].phase, regions.pop() if len(regions) == 1 else "",
+              sum(op.flops for op in run), reads, writes,
+              created=frozenset().union(*(op.created for op in run)))
+
+
+def is_attention(op: Op) -> bool:
+    return op.region.startswith("kernels.") and "attention" in op.region
+
+
+def flash_attention(ops: Sequence[Op], seq_lengths: Sequence[int], hidden: int, heads: int,
+                    itemsize: int = 2) -> list[Op]:
+    """The operators of each attention call replaced by one FlashAttention varlen kernel
+    (module docstring); seq_lengths: the batch's segments (every one attends to itself)."""
+    forward = 4.0 * hidden * sum(int(n) ** 2 for n in seq_lengths)
+    tokens = sum(int(n) for n in seq_lengths)
+    act, lse = tokens * hidden * itemsize, tokens * heads * 4
+
+    def kernel(run, reads, writes):
+        back = run[0].phase == "backward"
+        return Op(f"{FLASH}_{'backward' if back else 'forward'}", run[0].phase,
+                  run[0].region, 2.5 * forward if back else forward, reads, writes, matmul=True,
+                  tensor_cores=True,
+                  created=frozenset().union(*(op.created for op in run)),
+                  nbytes=8 * act + lse if back else 4 * act + lse)
+
+    return fuse(ops, lambda op: op.phase if is_attention(op) else None, kernel, min_ops=1)
+
+
+def fuse_region(prefix: str) -> Callable[[Sequence[Op]], list[Op]]:
+    """Each call of the functions under `prefix` (e.g. "kernels.bias_gelu"): one kernel
+    forward and one backward."""
+    return lambda ops: fuse(ops, lambda op: op.phase if op.region.startswith(prefix) else None)
+
+
+def fuse_optimizer(ops: Sequence[Op]) -> list[Op]:
+    """The optimizer phase as one multi-tensor kernel per bertperf function (clipping's norm,
+    LAMB's update), launched as often as torch's multi_tensor_apply needs for the tensors it
+    writes."""
+    def kernel(run, reads, writes):
+        chunks = sum(-(-math.prod(a.view[1]) // _FOREACH_CHUNK) for a in writes)
+        return replace(_fused(run, reads, writes), launches=max(1, -(-chunks // _FOREACH_BLOCKS)))
+
+    return fuse(ops, lambda op: op.region if op.phase == "optimizer" else None, kernel)
+
+
+def fuse_elementwise(ops: Sequence[Op]) -> list[Op]:
+    """Every run of consecutive operators other than matmuls and attention as one kernel (what
+    torch.compile does; it does not fuse into cuBLAS matmuls)."""
+    return fuse(ops, lambda op: None if op.matmul or is_attention(op) else op.phase)
+
+
+# ---- pricing -----------------------------------------------------------------------------------------
+
+def kernel_seconds(op: Op, gpu: Gpu, launch: float) -> float:
+    if op.name.startswith(FLASH):
+        rate = gpu.tensor_flops * gpu.attention_efficiency
+    elif op.tensor_cores:
+        rate = gpu.tensor_flops * MATMUL_EFFICIENCY
+    else:
+        rate = gpu.vector_flops
+    return max(op.flops / rate, op.bytes / (gpu.bandwidth * MEMORY_EFFICIENCY),
+               op.launches * launch)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    seconds: float
+    launches: int
+    bytes: float
+    matmul_flops: float
+
+
+def step_cost(ops: Sequence[Op], gpu: Gpu, launch: float, accumulation: int = 1) -> StepCost:
+    """One optimizer step: `accumulation` times the forward and backward kernels, once the
+    optimizer's."""
+    seconds = launches = moved = flops = 0.0
+    for op in ops:
+        times = 1 if op.phase == "optimizer" else accumulation
+        seconds += times * kernel_seconds(op, gpu, launch)
+        launches += times * op.launches
+        moved += times * op.bytes
+        flops += times * op.flops * op.matmul
+    return StepCost(seconds, int(launches), moved, flops)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    transform: Callable[[Sequence[Op]], list[Op]] = list
+    launch: float = LAUNCH_SECONDS
+
+
+def scenarios(ops: Sequence[Op]) -> list[Scenario]:
+    """The current code, each fusion on its own, CUDA graphs, and all together. The fusions
+    offered are the functions of bertperf.kernels the trace ran (their plain versions on the
+    CPU), the optimizer's, and every elementwise chain."""
+    kernels = sorted({op.region.rsplit(".", 1)[0] for op in ops
+                      if op.region.startswith("kernels.") and not is_attention(op)})
+    out = [Scenario("current code, eager")]
+    out += [Scenario(f"{k.removeprefix('kernels.')}: one kernel", fuse_region(k)) for k in kernels]
+    if any(op.phase == "optimizer" for op in ops):
+        out.append(Scenario("clipping, LAMB: one multi-tensor kernel each", fuse_optimizer))
+    out.append(Scenario("every elementwise chain: one kernel", fuse_elementwise))
+    out.append(Scenario("CUDA graphs", list, GRAPH_LAUNCH_SECONDS))
+    out.append(Scenario("all of the above", lambda o: fuse_elementwise(fuse_optimizer(o)),
+                        GRAPH_LAUNCH_SECONDS))
+    return out

@@ -1,0 +1,298 @@
+"""`bench train`: the model FLOPs formula, the step-time model's trace and pricing against
+hand-computed values, and the benchmark itself (it runs, its tables are well formed, every row
+trains on the same sequences). Speed is what the benchmark measures; nothing here times it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from bertperf.bench import roofline
+from bertperf.bench.flops import forward_flops, train_flops
+from bertperf.bench.roofline import Access, Gpu, Op
+from bertperf.model import BertConfig
+
+# ---- model FLOPs -----------------------------------------------------------------------------------
+
+
+def test_bert_large_flops_per_sequence():
+    """BERT-large's forward, written out: 24 layers x 2 x (3 d^2 + d^2 + 2 d f) per token, 24 x
+    4 d L^2 per sequence, (2 d^2 + 2 d V) per masked token, 2 d^2 + 4 d per sequence."""
+    large = BertConfig.large()
+    d, f, V = 1024, 4096, 30522
+    per_token = 24 * 2 * (3 * d * d + d * d + 2 * d * f)
+    assert per_token == 603_979_776  # 603.98 MFLOP a token
+    L, m = 300, 45
+    expected = per_token * L + 24 * 4 * d * L * L + (2 * d * d + 2 * d * V) * m + 2 * d * d + 4 * d
+    assert forward_flops(d, f, 24, V, [L], m) == expected
+    assert train_flops(large, [L], m) == 3 * expected
+    # a batch is the sum of its sequences (the L^2 term per sequence, not of the total)
+    two = train_flops(large, [300, 100], 60)
+    assert two == train_flops(large, [300], 45) + train_flops(large, [100], 15)
+    assert two < train_flops(large, [400], 60)
+
+
+# ---- the step-time model: pricing a hand-made trace ----------------------------------------------
+
+GPU = Gpu("test", tensor_flops=100e12, vector_flops=10e12, bandwidth=1e12,
+          attention_efficiency=0.25)
+MB = 10**6
+
+
+def access(storage: int, nbytes: int) -> Access:
+    return Access(storage, (0, (nbytes,), (1,), torch.uint8), nbytes)
+
+
+def hand_trace() -> list[Op]:
+    """x (1) @ w (2) -> h (3); h + bias (4) -> a (5); gelu(a) -> g (6); g @ w2 (7) -> y (8);
+    then the optimizer updates w in place."""
+    return [
+        Op("mm", "forward", "", 8e12, (access(1, 100 * MB), access(2, 50 * MB)),
+           (access(3, 200 * MB),), matmul=True, tensor_cores=True, created=frozenset({3})),
+        Op("add", "forward", "kernels.f.f", 1e8, (access(3, 200 * MB), access(4, MB)),
+           (access(5, 200 * MB),), created=frozenset({5})),
+        Op("gelu", "forward", "kernels.f.f", 1e8, (access(5, 200 * MB),),
+           (access(6, 200 * MB),), created=frozenset({6})),
+        Op("mm", "forward", "", 8e12, (access(6, 200 * MB), access(7, 50 * MB)),
+           (access(8, 100 * MB),), matmul=True, tensor_cores=False, created=frozenset({8})),
+        Op("add_", "optimizer", "optim.lamb.step", 1e3, (access(2, 50 * MB),),
+           (access(2, 50 * MB),)),
+    ]
+
+
+def test_kernel_time_is_the_largest_of_compute_memory_and_launch():
+    mm, add, _, mm32, opt = hand_trace()
+    launch = roofline.LAUNCH_SECONDS
+    # 8 TFLOP at 80 % of 100 TFLOP/s: 0.1 s (the 350 MB take 0.39 ms)
+    assert roofline.kernel_seconds(mm, GPU, launch) == pytest.approx(0.1)
+    # the same matmul in float32 runs at the 10 TFLOP/s float32 peak
+    assert roofline.kernel_seconds(mm32, GPU, launch) == pytest.approx(0.8)
+    # 401 MB at 90 % of 1 TB/s
+    assert roofline.kernel_seconds(add, GPU, launch) == pytest.approx(401e6 / 0.9e12)
+    # 100 MB read and written in place: 0.22 ms; at a 1 s launch cost the launch wins
+    assert roofline.kernel_seconds(opt, GPU, launch) == pytest.approx(100e6 / 0.9e12)
+    assert roofline.kernel_seconds(opt, GPU, 1.0) == 1.0
+
+
+def test_step_cost_repeats_the_micro_batch_not_the_optimizer():
+    ops = hand_trace()
+    one = sum(roofline.kernel_seconds(op, GPU, 5e-6) for op in ops[:4])
+    opt = roofline.kernel_seconds(ops[4], GPU, 5e-6)
+    cost = roofline.step_cost(ops, GPU, 5e-6, accumulation=3)
+    assert cost.seconds == pytest.approx(3 * one + opt)
+    assert cost.launches == 3 * 4 + 1
+    assert cost.bytes == pytest.approx(3 * (350 + 401 + 400 + 350) * MB + 100 * MB)
+    assert cost.matmul_flops == pytest.approx(3 * 16e12)
+
+
+def test_fusing_a_region_moves_only_what_crosses_its_boundary():
+    """add + gelu as one kernel: reads h and the bias, writes g (read by the next matmul); the
+    intermediate a is neither written nor read back."""
+    fused = roofline.fuse_region("kernels.f")(hand_trace())
+    assert [op.name for op in fused] == ["mm", "fused(2)", "mm", "add_"]
+    kernel = fused[1]
+    assert kernel.bytes == (200 + 1 + 200) * MB
+    assert kernel.flops == 2e8 and kernel.launches == 1 and not kernel.matmul
+    assert kernel.region == "kernels.f.f"
+
+
+def test_a_fused_kernel_writes_what_outlives_the_step():
+    """A run that updates a parameter in place and then reads it writes it back; an output
+    nobody reads after the run is not written."""
+    ops = [
+        Op("mul_", "optimizer", "optim.x.y", 1, (access(1, MB),), (access(1, MB),)),
+        Op("add", "optimizer", "optim.x.y", 1, (access(1, MB), access(2, MB)),
+           (access(3, 4 * MB),), created=frozenset({3})),
+    ]
+    (kernel,) = roofline.fuse(ops, lambda op: op.phase)
+    assert kernel.bytes == (1 + 1 + 1) * MB  # reads 1 and 2, writes 1 (a parameter), not 3
+
+
+def test_elementwise_fusion_stops_at_matmuls():
+    ops = hand_trace()
+    fused = roofline.fuse_elementwise(ops)
+    assert [op.name for op in fused] == ["mm", "fused(2)", "mm", "add_"]
+
+
+def test_attention_becomes_one_flash_kernel_each_way():
+    """Two sequences of 3 and 5 tokens, hidden 8, 2 heads, bf16: forward 4 * 8 * (9 + 25)
+    FLOPs, reading q, k, v and writing the output (8 tokens x 8 x 2 bytes each) and the
+    log-sum-exp (8 tokens x 2 heads x 4 bytes); backward 2.5 times the FLOPs, 8 such tensors."""
+    region = "kernels.varlen_attention.varlen_attention_padded"
+    ops = [Op("mm", "forward", "", 1.0, (access(1, 10),), (access(2, 10),), matmul=True,
+              created=frozenset({2})),
+           Op("index_copy", "forward", region, 1.0, (access(2, 10),), (access(3, 99),),
+              created=frozenset({3})),
+           Op("bmm", "forward", region, 1.0, (access(3, 99),), (access(4, 10),), matmul=True,
+              created=frozenset({4})),
+           Op("mm", "forward", "", 1.0, (access(4, 10),), (access(5, 10),), matmul=True,
+              created=frozenset({5})),
+           Op("bmm", "backward", region, 1.0, (access(5, 10), access(3, 99)),
+              (access(6, 10),), matmul=True, created=frozenset({6}))]
+    out = roofline.flash_attention(ops, [3, 5], hidden=8, heads=2)
+    assert [op.name for op in out] == ["mm", "flash_attention_varlen_forward", "mm",
+                                       "flash_attention_varlen_backward"]
+    forward, backward = out[1], out[3]
+    assert forward.flops == 4 * 8 * 34 and backward.flops == 2.5 * 4 * 8 * 34
+    assert forward.bytes == 4 * 8 * 8 * 2 + 8 * 2 * 4
+    assert backward.bytes == 8 * 8 * 8 * 2 + 8 * 2 * 4
+    assert forward.tensor_cores and forward.phase == "forward" and backward.phase == "backward"
+    # priced at the GPU's FlashAttention fraction of the tensor-core peak (no launch floor here)
+    assert roofline.kernel_seconds(backward, GPU, 0.0) == pytest.approx(
+        max(backward.flops / 25e12, backward.bytes / 0.9e12))
+
+
+def test_foreach_launches_follow_multi_tensor_apply():
+    small = [torch.empty(10)] * 200
+    assert roofline.foreach_launches([small]) == 2  # 110 tensors a launch
+    assert roofline.foreach_launches([small, small, small]) == 5  # 48 with three lists
+    big = [torch.empty(65536 * 321)]
+    assert roofline.foreach_launches([big]) == 2  # 321 chunks, 320 a launch
+
+
+# ---- the step-time model: recording ----------------------------------------------------------------
+
+def test_trace_records_kernels_with_flops_bytes_and_phase():
+    x, w = torch.randn(4, 8), torch.randn(8, 16)
+    trace = roofline.trace(lambda: torch.relu(x @ w.t().t()))  # views launch nothing
+    assert [op.name for op in trace.ops] == ["mm", "relu"]
+    mm, relu = trace.ops
+    assert mm.flops == 2 * 4 * 8 * 16 and mm.matmul and not mm.tensor_cores
+    assert mm.bytes == 4 * (4 * 8 + 8 * 16 + 4 * 16)
+    assert relu.bytes == 4 * (2 * 4 * 16)
+    assert relu.reads[0].storage == mm.writes[0].storage  # the data flows by storage
+    assert {op.phase for op in trace.ops} == {"forward"} and trace.syncs == 0
+
+
+def test_trace_finds_the_bertperf_function_forward_and_backward():
+    from bertperf.kernels import bias_gelu_reference
+
+    x = torch.randn(4, 8, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+
+    def step():
+        y = bias_gelu_reference(x, b).sum()
+        y.backward()
+        return float(y.detach())  # a host sync
+
+    trace = roofline.trace(step)
+    phases = {op.phase for op in trace.ops}
+    assert phases == {"forward", "backward"} and trace.syncs == 1
+    region = "kernels.bias_gelu.bias_gelu_reference"
+    forward = [op for op in trace.ops if op.phase == "forward"]
+    assert [op.region for op in forward] == [region] * 6 + ["", ""]  # then sum, backward's seed
+    assert any(op.region == region for op in trace.ops if op.phase == "backward")
+
+
+def test_trace_runs_under_fake_tensors_with_cuda_autocast_dtypes():
+    """LayerNorm under autocast runs in float32 (CUDA's policy), the matmul in bfloat16 on
+    tensor cores; nothing is computed (fake tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.randn(64, 32)
+        lin = torch.nn.Linear(32, 32)
+        norm = torch.nn.LayerNorm(32)
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return norm(lin(x))
+
+        trace = roofline.trace(step)
+    by_name = {op.name: op for op in trace.ops}
+    assert by_name["addmm"].tensor_cores
+    layer_norm = by_name["native_layer_norm"]
+    assert layer_norm.writes[0].view[3] == torch.float32
+
+
+# ---- the benchmark ---------------------------------------------------------------------------------
+
+def test_help_starts_without_torch():
+    code = ("import sys\nfrom bertperf.__main__ import build_parser\n"
+            "try:\n    build_parser(['bench', 'train', '--help']).parse_args(['bench', 'train', "
+            "'--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def small_bench(tmp_path, packed: bool):
+    """Two steps of two rows of real shards (written by bench.loader) for a 1-layer tiny BERT."""
+    import argparse
+    from dataclasses import replace
+
+    from bertperf.bench import loader, train
+    from bertperf.model import BertForPreTraining
+
+    folder = tmp_path / ("packed" if packed else "unpadded")
+    write = loader.write_synthetic_packed if packed else loader.write_synthetic_shards
+    write(folder, 2, 16, seed=3, max_seq_length=64, max_pred=10)
+    args = argparse.Namespace(synthetic=False, data=folder, batch=2, seed=1)
+    steps, _, max_len, max_pred = train.load_steps(args, 2)
+    config = replace(BertConfig.named("tiny"), num_hidden_layers=1)
+    initial = BertForPreTraining(config).state_dict()
+    return train.Bench(config, torch.device("cpu"), steps, 1, max_len, max_pred, initial)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpadded", "packed"])
+def test_rows_train_on_the_same_sequences(tmp_path, packed):
+    """HF's padded batches and bertperf's unpadded ones hold the same sequences, step by step;
+    packed shards give steps of whole rows."""
+    from bertperf.bench import train
+
+    bench = small_bench(tmp_path, packed)
+    assert len(bench.steps) == 2
+    for step in bench.steps:
+        assert (step.rows is not None) == packed
+        if packed:
+            assert len(step.rows) == 2 and step.rows.sum() == len(step.samples)
+        else:
+            assert len(step.samples) == 2
+    hf = train.hf_row(bench, "fp32")
+    ours = train.bertperf_row(bench, ("varlen",))
+    assert hf.digests == ours.digests and len(set(hf.digests)) == 2
+    # the same weights: the same losses before any step, without dropout
+    hf.model.eval()
+    ours.model.eval()
+    with torch.no_grad():
+        for a, b in zip(hf.batches, ours.batches):
+            torch.testing.assert_close(hf.model(**a).loss, ours.model(**b).loss, rtol=1e-5,
+                                       atol=1e-5)
+
+
+@pytest.mark.slow
+def test_bench_train_prints_both_tables(tmp_path):
+    """The command on synthetic samples with a tiny model: one table of rows (every bertperf
+    switch either measured or 'not available (why)'), the same-samples line, the model's table
+    marked as a model, and the report file."""
+    report = tmp_path / "report.md"
+    run = subprocess.run([sys.executable, "-m", "bertperf", "bench", "train", "--synthetic",
+                          "--config", "tiny", "--batch", "2", "--warmup", "1", "--steps", "1",
+                          "--report", str(report)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("| ") and " | " in line]
+    header = rows.index(next(r for r in rows if r.startswith("| row |")))
+    table = rows[header + 1:header + 9]
+    assert [r.split(" | ")[0] for r in table] == ["| HF BertForPreTraining (SDPA, padded)"] * 2 + [
+        "| bertperf: varlen", "| bertperf: + bf16", "| bertperf: + packed",
+        "| bertperf: + fused kernels", "| bertperf: + compile", "| bertperf: + CUDA graphs"]
+    losses = []
+    for r in table:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert len(cells) == 9, r
+        if cells[2].startswith("not available ("):
+            continue
+        assert float(cells[2].replace(",", "")) > 0 and cells[5].endswith("%"), r
+        losses.append(float(cells[7]))
+    assert len(losses) >= 4 and max(losses) - min(losses) < 0.1 * min(losses)
+    assert "| bertperf: + CUDA graphs | bf16 | not available (CUDA only)" in run.stdout
+    assert any(line.startswith("every row trained on the same 4 sequences") for line in lines)
+    model = lines.index(next(line for line in lines if line.startswith("step-time MODEL")))
+    assert "a model, not a measurement" in lines[model]
+    model_rows = [line for line in lines[model:] if line.startswith("| A100") or
+                  line.startswith("| H100")]
+    assert len(model_rows) >= 2 * 4 and all(len(r.strip("|").split("|")) == 8 for r in model_rows)
+    assert report.read_text().count("step-time MODEL") == 1
