@@ -107,6 +107,11 @@ def test_reference_eval_interval():
     ({"EVAL_FILE": "/nonexistent/eval.hdf5"}, "/nonexistent/eval.hdf5"),
     ({"PRECISION": "fp8"}, "PRECISION must be one of"),
     ({"GRADIENT_STEPS": "x"}, "GRADIENT_STEPS='x' is not a valid int"),
+    ({"LAYOUT": "rows"}, "LAYOUT must be one of varlen, packed"),
+    ({"COMPILE": "tvm"}, "COMPILE must be one of"),
+    ({"USE_CUDA_GRAPH": "1", "DEVICE": "cpu"}, "USE_CUDA_GRAPH=1 needs a CUDA device"),
+    ({"USE_CUDA_GRAPH": "1", "COMPILE": "eager"}, "cannot go with it"),
+    ({"MASKED_LM_PROB": "0"}, "MASKED_LM_PROB must be in"),
 ])
 def test_config_errors_are_one_line(tmp_path, change, message):
     from bertperf.config import load
@@ -114,6 +119,40 @@ def test_config_errors_are_one_line(tmp_path, change, message):
     with pytest.raises(UserError, match=message) as err:
         load(env_for(tmp_path, **change))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"LAYOUT": "packed"}, "LAYOUT=packed, but .* holds unpadded shards"),
+    ({"COMPILE": "eager"}, "COMPILE and USE_CUDA_GRAPH need LAYOUT=packed"),
+])
+def test_layout_errors_are_one_line(tmp_path, change, message):
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    from bertperf.train.checks import resolve_layout
+    cfg = load(env_for(tmp_path, **change))
+    with pytest.raises(UserError, match=message) as err:
+        resolve_layout(cfg)
+    assert "\n" not in str(err.value)
+    assert resolve_layout(load(env_for(tmp_path / "again"))).data.layout == "varlen"
+
+
+def test_packed_layout_needs_the_global_batch_split(tmp_path):
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    from bertperf.formats.packed import Packed, write_packed
+    from bertperf.formats.unpadded import read_shard
+    from bertperf.train.checks import resolve_layout
+    env = env_for(tmp_path)
+    train = Path(env["DATADIR_PHASE2"])
+    for shard in sorted(train.glob("*.h5")):
+        s = read_shard(shard)[0]
+        shard.unlink()
+        write_packed(shard, Packed.from_samples(s, np.arange(len(s)), np.ones(len(s), int)),
+                     MSL, MAX_PRED, 3)
+    cfg = resolve_layout(load(env))
+    assert cfg.data.layout == "packed" and cfg.global_batch_size == 2 * cfg.rows_per_step
+    with pytest.raises(UserError, match="needs LOADER_SPLIT=global_batch"):
+        resolve_layout(load({**env, "LOADER_SPLIT": "shards"}))
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -173,7 +212,7 @@ def trainer_for_step(ga: int, seed: int = 0):
                                           num_attention_heads=2, intermediate_size=64,
                                           max_position_embeddings=MSL, hidden_dropout_prob=0.0,
                                           attention_probs_dropout_prob=0.0)).double()
-    from bertperf.train.loop import forward_loss
+    from bertperf.model import forward_loss
     opt = make_optimizer("lamb", param_groups(model, 0.01), lr=0.01)
     cfg = replace(RunConfig(), train=TrainConfig(batch_size=16 // ga, gradient_steps=ga))
     return Trainer(cfg, Dist(0, 1), torch.device("cpu"), model, model, opt,

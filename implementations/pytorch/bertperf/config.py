@@ -374,6 +374,9 @@ def validate(cfg: RunConfig) -> None:
                         f"not {cfg.train.compile!r}")
     if cfg.train.use_cuda_graph and cfg.train.device == "cpu":
         raise UserError("USE_CUDA_GRAPH=1 needs a CUDA device, not DEVICE=cpu")
+    if cfg.train.use_cuda_graph and cfg.train.compile not in ("none", "inductor"):
+        raise UserError(f"USE_CUDA_GRAPH=1 replays inductor's code: COMPILE={cfg.train.compile} "
+                        "cannot go with it (use none or inductor)")
     if cfg.train.precision not in PRECISIONS:
         raise UserError(f"PRECISION must be one of {', '.join(PRECISIONS)}, "
                         f"not {cfg.train.precision!r}")

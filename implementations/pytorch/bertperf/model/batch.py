@@ -77,7 +77,8 @@ class UnpaddedBatch(Tensors):
     cu_seqlens[i]:cu_seqlens[i+1]."""
 
     input_ids: torch.Tensor
-    """[T] integer (int32 from the loader): the sequences' tokens ([CLS] A [SEP] B [SEP]), concatenated."""
+    """[T] integer (int32 from the loader): the sequences' tokens ([CLS] A [SEP] B [SEP]),
+    concatenated."""
     segment_ids: torch.Tensor
     """[T] integer: 0 on segment A (with [CLS] and its [SEP]), 1 on segment B."""
     position_ids: torch.Tensor

@@ -5,13 +5,15 @@ attention never crosses them; position ids restart at every sequence), the MLM h
 masked tokens (NVIDIA's dense_seq_output), the NSP head on each sequence's first token. A packed
 batch is the same with its rows flattened: padding tails are segments of their own and padding
 slots of the MLM and NSP heads weigh 0 in the loss. The loss is computed here, once
-(pretraining_output), in float32 or wider. The model is written for one device; parallelism is
-applied around it.
+(pretraining_output), in float32 or wider; forward_loss is a training micro-step's forward and
+loss, the part torch.compile compiles (compiled_forward_loss). The model is written for one
+device; parallelism is applied around it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +60,8 @@ def pretraining_output(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
     """The output with losses when both label tensors are given (shared with the padded
     reference, so both define the loss identically). Weights: 0 for padding slots (None: all
     count). loss_divisors: [2] (masked tokens, sequences) to divide the summed cross-entropies
-    by; None: the batch's own counts (weight sums), i.e. means."""
+    by (in the losses' dtype: float32, or float64 for a float64 model); None: the batch's own
+    counts (weight sums), i.e. means."""
     if masked_lm_ids is None or next_sentence_labels is None:
         return PreTrainingOutput(mlm_logits, nsp_logits)
     mlm = summed_cross_entropy(mlm_logits, masked_lm_ids, masked_lm_weights)
@@ -68,9 +71,29 @@ def pretraining_output(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
             masked_lm_weights.sum() if masked_lm_weights is not None
             else mlm.new_tensor(masked_lm_ids.numel()),
             next_sentence_weights.sum() if next_sentence_weights is not None
-            else nsp.new_tensor(next_sentence_labels.numel())]).to(mlm.dtype)
+            else nsp.new_tensor(next_sentence_labels.numel())])
+    loss_divisors = loss_divisors.to(mlm.dtype)
     mlm_loss, nsp_loss = mlm / loss_divisors[0], nsp / loss_divisors[1]
     return PreTrainingOutput(mlm_logits, nsp_logits, mlm_loss, nsp_loss, mlm_loss + nsp_loss)
+
+
+def forward_loss(model: nn.Module, inputs: Mapping, divisors: torch.Tensor) -> torch.Tensor:
+    """A micro-batch's share of a training step's loss: the model's summed cross-entropies over
+    the step's divisors ([2]: masked tokens, sequences; bertperf.train.loop.train_step). What
+    compiled_forward_loss compiles."""
+    return model(**inputs, loss_divisors=divisors).loss
+
+
+def compiled_forward_loss(backend: str = "none", cuda_graphs: bool = False,
+                          fullgraph: bool = True) -> Callable[..., torch.Tensor]:
+    """forward_loss, torch.compile'd with `backend` ("none": not compiled, unless cuda_graphs)
+    for static shapes (packed batches); cuda_graphs: inductor's mode="reduce-overhead", which
+    replays the forward and the backward as CUDA graphs. fullgraph: fail on a graph break."""
+    if backend == "none" and not cuda_graphs:
+        return forward_loss
+    return torch.compile(forward_loss, backend="inductor" if backend == "none" else backend,
+                         dynamic=False, fullgraph=fullgraph,
+                         mode="reduce-overhead" if cuda_graphs else None)
 
 
 class BertModel(nn.Module):

@@ -16,8 +16,18 @@ from bertperf.kernels import bias_gelu, dropout_add_layer_norm, varlen_attention
 from bertperf.model.bert_config import BertConfig
 
 
+def activation_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype activations are kept in: autocast's when it is on for the weight's device,
+    else the weight's own."""
+    device = weight.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
 class BertEmbeddings(nn.Module):
-    """word + position + segment embeddings, LayerNorm, dropout."""
+    """word + position + segment embeddings, LayerNorm, dropout. Under autocast each lookup
+    from the fp32 tables is cast to autocast's dtype at once, so the sum, the LayerNorm and the
+    residual stream after it are in that dtype (the tables' gradients still accumulate in
+    fp32)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -29,9 +39,11 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
                 position_ids: torch.Tensor) -> torch.Tensor:
-        h = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
-             + self.token_type_embeddings(segment_ids))
-        return self.dropout(self.LayerNorm(h))
+        dtype = activation_dtype(self.word_embeddings.weight)
+        h = (self.word_embeddings(input_ids).to(dtype)
+             + self.position_embeddings(position_ids).to(dtype)
+             + self.token_type_embeddings(segment_ids).to(dtype))
+        return self.dropout(self.LayerNorm(h).to(dtype))
 
 
 class BertSelfAttention(nn.Module):

@@ -48,7 +48,8 @@ from bertperf.formats.packed import packed_meta
 from bertperf.formats.samples import Samples
 from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
-from bertperf.model import BatchCounts, BertForPreTraining, PackedBatch, UnpaddedBatch
+from bertperf.model import (BatchCounts, BertForPreTraining, PackedBatch, UnpaddedBatch,
+                            compiled_forward_loss)
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
                             mlperf_hparams, param_groups, resolve_warmup)
 from bertperf.train import checkpoint, preflight, warmstart
@@ -76,7 +77,7 @@ class Trainer:
     eval_share: Samples
     log: MLPerfLogger
     forward_loss: Callable[..., torch.Tensor]
-    """forward_loss, or its torch.compile'd form (COMPILE, USE_CUDA_GRAPH)."""
+    """bertperf.model.forward_loss, or its torch.compile'd form (COMPILE, USE_CUDA_GRAPH)."""
     batches: DeviceBatches | None = None
     """The micro-batches on the device, one ahead of the step (made when the loop starts, after
     a resume has set the loader's position)."""
@@ -100,22 +101,6 @@ def pick_device(cfg: RunConfig) -> torch.device:
         raise UserError("USE_CUDA_GRAPH=1 needs a CUDA device; none is available (DEVICE="
                         f"{want})")
     return torch.device("cpu")
-
-
-def forward_loss(model: torch.nn.Module, inputs: Mapping, divisors: torch.Tensor) -> torch.Tensor:
-    """A micro-batch's share of the step's loss: the model's summed cross-entropies over the
-    step's divisors (train_step). This is what COMPILE compiles, and USE_CUDA_GRAPH replays."""
-    return model(**inputs, loss_divisors=divisors).loss
-
-
-def compiled(cfg: RunConfig, distributed_run: bool) -> Callable[..., torch.Tensor]:
-    """forward_loss, compiled as COMPILE and USE_CUDA_GRAPH ask (shapes static: packed rows)."""
-    if cfg.train.compile == "none" and not cfg.train.use_cuda_graph:
-        return forward_loss
-    backend = "inductor" if cfg.train.compile == "none" else cfg.train.compile
-    return torch.compile(forward_loss, backend=backend, dynamic=False,
-                         fullgraph=not distributed_run,  # DDP splits its graph at buckets
-                         mode="reduce-overhead" if cfg.train.use_cuda_graph else None)
 
 
 def rank0_printer(rank: int, prefix: str = "") -> Callable[[str], None]:
@@ -170,7 +155,7 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
         if abs(rate - cfg.data.packing_factor) > 0.05 * cfg.data.packing_factor:
             warn(f"{dataset.files[0]}: {rate:.3f} sequences per row, but global_batch_size "
                  f"counts {cfg.data.packing_factor} (PACKING_FACTOR)")
-    preflight.verify_inputs(dist, device, loader.dataset.files, not loader.dataset.packed,
+    preflight.verify_inputs(dist, device, loader.dataset.files, packed,
                             cfg.data.eval_file, eval_share, eval_total,
                             core.config.vocab_size, cfg.data.verify, warn)
     if eval_total != EVAL_SAMPLES:
@@ -192,8 +177,10 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
         **mlperf_hparams(optimizer, scheduler),
         C.EVAL_SAMPLES: eval_total,
     })
+    step = compiled_forward_loss(cfg.train.compile, cfg.train.use_cuda_graph,
+                                 fullgraph=not dist.active)  # DDP splits its graph at buckets
     return Trainer(cfg, dist, device, core, model, optimizer, scheduler, scaler, loader,
-                   eval_share, log, compiled(cfg, dist.active))
+                   eval_share, log, step)
 
 
 @dataclass(frozen=True)
@@ -298,15 +285,16 @@ class Interval:
         self.tokens += sum(m.host.tokens for m in micro)
         self.sequences += sum(m.host.global_sequences for m in micro)
 
-    def read(self, dist: distributed.Dist) -> tuple[float, str]:
-        """(mean step loss of the interval, its rates), summed over ranks; starts the next one."""
+    def read(self, dist: distributed.Dist, lr: torch.Tensor) -> tuple[float, float, str]:
+        """(the interval's mean step loss, summed over ranks; the LR `lr` holds now; the
+        interval's rates); starts the next interval."""
         loss, tokens = dist.sum(torch.stack([self.loss, self.loss.new_tensor(self.tokens)])
                                 ).tolist()
         seconds = time.perf_counter() - self.since
         mean = loss / dist.world_size / max(self.steps, 1)
         rates = f"seq/s {self.sequences / seconds:.1f} tokens/s {tokens / seconds:.0f}"
         self.restart()
-        return mean, rates
+        return mean, float(lr), rates
 
 
 @dataclass(frozen=True)
@@ -346,13 +334,13 @@ def run_loop(trainer: Trainer, progress: Callable[[str], None],
         evaluated = samples >= next_eval
         capped = samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps
         if logged or evaluated or capped:
-            loss, rates = interval.read(trainer.dist)
+            lr_now = trainer.optimizer.param_groups[0]["lr"]
+            loss, lr, rates = interval.read(trainer.dist, lr_now)
             if not math.isfinite(loss):
                 progress(f"step {step}: non-finite loss {loss}; aborting")
                 blocks.stop(samples)
                 return Stop(C.ABORTED, samples, nonfinite=True)
             if logged:
-                lr = float(trainer.optimizer.param_groups[0]["lr"])
                 progress(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} {rates}")
                 trainer.log.event(TRAIN_LOSS, loss,
                                   metadata={"samples_count": samples, "step": step, "lr": lr})

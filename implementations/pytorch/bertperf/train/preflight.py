@@ -7,6 +7,8 @@ Training shards are checked against their folder's MANIFEST.json (written by `pr
 DATA_VERIFY=md5 (the default) its md5 as well, the shards spread over the ranks (rank r hashes
 shards r, r+W, ...). The eval file is checked the same way against its folder's manifest (written
 by `prep eval`), and its sample count against the manifest's, so a truncated eval set cannot pass.
+The token ids of the eval set and of one training shard per rank (unpadded or packed) must fit
+the model's vocabulary.
 A folder without a manifest (e.g. shards made by NVIDIA's scripts) is used with a warning.
 """
 
@@ -85,20 +87,22 @@ def run_checks(dist: Dist, device: torch.device, checks: Callable[[], list[str]]
         raise FollowOnError(f"rank {dist.rank}: data check failed on another rank (see its error)")
 
 
-def verify_inputs(dist: Dist, device: torch.device, files: Sequence[Path], unpadded: bool,
+def verify_inputs(dist: Dist, device: torch.device, files: Sequence[Path], packed: bool,
                   eval_file: Path, eval_share: Samples, eval_total: int, vocab_size: int,
                   mode: str, warn: Callable[[str], None]) -> None:
-    """Every check of this module, before the run starts (docstring at the top)."""
+    """Every check of this module, before the run starts (docstring at the top). `packed`:
+    the shards are bertperf-packed/1 (else bertperf-unpadded/1)."""
     def checks() -> list[str]:
         problems = [] if mode == "none" else \
             manifest_problems(list(files) + [eval_file], mode, dist.rank, dist.world_size, warn)
         problems += [p for p in (eval_count_problem(eval_file, eval_total),
                                  vocab_problem(eval_share, vocab_size, str(eval_file))) if p]
-        if unpadded and not problems:
+        if not problems:
+            from bertperf.formats.packed import unpack
             from bertperf.formats.unpadded import read_shard
             first = files[dist.rank % len(files)]
-            problems += [p for p in [vocab_problem(read_shard(first)[0], vocab_size, str(first))]
-                         if p]
+            samples = (unpack if packed else read_shard)(first)[0]
+            problems += [p for p in [vocab_problem(samples, vocab_size, str(first))] if p]
         return problems
 
     run_checks(dist, device, checks)
