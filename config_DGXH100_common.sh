@@ -10,9 +10,10 @@ export DGXNSOCKET=2
 export DGXHT=2
 export SUBMISSION_PLATFORM="${DGXNNODES:?set by the per-scale config}xNVIDIA DGX H100"
 
-# The data (data_prep/README.md): unpadded training shards, the 10,000-sample eval set and
-# MLPerf's initial checkpoint (TF1 prefix, read without TensorFlow; or a convert-ckpt .pt)
-: "${DATADIR_PHASE2:=/raid/datasets/bert/unpadded}"
+# The data (data_prep/README.md): packed training shards (`prep pack` of the unpadded ones: up to
+# 3 sequences per 512-token row), the 10,000-sample eval set and MLPerf's initial checkpoint (TF1
+# prefix, read without TensorFlow; or a convert-ckpt .pt)
+: "${DATADIR_PHASE2:=/raid/datasets/bert/packed}"
 : "${EVAL_FILE:=/raid/datasets/bert/eval/eval_10k.hdf5}"
 : "${INIT_CHECKPOINT:=/raid/datasets/bert/phase1/model.ckpt-28252}"
 export DATADIR_PHASE2 EVAL_FILE INIT_CHECKPOINT
@@ -21,6 +22,8 @@ export BERT_CONFIG=large
 # The recipe parts every scale shares (MLPerf's accuracy target and eval cadence are left to
 # the trainer, whose defaults they are)
 export PRECISION=bf16
+export LAYOUT=packed        # fixed-shape rows, as NVIDIA's H100 configs (--packed_samples)
+export PACKING_FACTOR=2     # global_batch_size = rows x 2, NVIDIA's --average_packing_rate
 export EVAL_BATCHSIZE=128
 export EPSILON=1e-6
 export MAX_GRAD_NORM=1.0

@@ -19,7 +19,7 @@ from tests.e2e.slurm_cluster import SlurmCluster
 from tests.e2e.test_train_compliance import checker, events
 from tests.e2e.test_train_ddp import free_port
 from tests.unit.test_scripts import LAUNCH_VARS, config_env, run_and_time
-from tests.unit.test_train import add_manifests, make_dataset
+from tests.unit.test_train import add_manifests, make_dataset, packed_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config_CPU_1x2x32x1.sh"
@@ -156,14 +156,17 @@ def test_every_config_passes_check(tmp_path):
     """Each config file passes `run_and_time.sh --check` run by hand (paths replaced by real
     ones), which validates the whole job: DGXNNODES x DGXNGPU ranks."""
     data = make_dataset(tmp_path / "data", n_train=16)
+    packed = packed_copy(data, tmp_path / "packed")
     for path in sorted(ROOT.glob("config_*x*.sh")):
         env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS},
                **config_env(path)}
         world = int(env["DGXNNODES"]) * int(env["DGXNGPU"])
-        env.update(DATADIR_PHASE2=data["DATADIR_PHASE2"], EVAL_FILE=data["EVAL_FILE"],
-                   PYTHON=sys.executable)
+        rows = env.get("LAYOUT") == "packed"
+        env.update(DATADIR_PHASE2=(packed if rows else data)["DATADIR_PHASE2"],
+                   EVAL_FILE=data["EVAL_FILE"], PYTHON=sys.executable)
         env.pop("INIT_CHECKPOINT", None)
-        gbs = world * int(env["BATCHSIZE"]) * int(env["GRADIENT_STEPS"])
+        gbs = round(world * int(env["BATCHSIZE"]) * int(env["GRADIENT_STEPS"])
+                    * (float(env["PACKING_FACTOR"]) if rows else 1))
         run = run_and_time(env, tmp_path, "--check")
         assert run.returncode == 0, f"{path.name}: {run.stderr}"
         assert f"global batch {gbs} ({world} ranks" in run.stdout, path.name
@@ -178,8 +181,9 @@ def test_cluster_configs_use_their_rcp_row():
         {"1", "8", "16", "32", "64", "128"}
     for path in configs:
         env = config_env(path)
-        gbs = (int(env["DGXNNODES"]) * int(env["DGXNGPU"]) * int(env["BATCHSIZE"])
-               * int(env["GRADIENT_STEPS"]))
+        gbs = round(int(env["DGXNNODES"]) * int(env["DGXNGPU"]) * int(env["BATCHSIZE"])
+                    * int(env["GRADIENT_STEPS"])
+                    * (float(env["PACKING_FACTOR"]) if env.get("LAYOUT") == "packed" else 1))
         row = point_for(gbs)
         assert row is not None, f"{path.name}: global batch {gbs} is not an RCP row"
         got = tuple(float(env[k]) for k in ("LR", "MAX_STEPS", "WARMUP_STEPS",

@@ -88,11 +88,12 @@ def test_every_dgx_config_sources_its_system_common():
         common = f"config_{path.name.split('_')[1]}_common.sh"
         assert (ROOT / common).is_file(), path.name
         assert f'source "$(dirname "${{BASH_SOURCE[0]}}")/{common}"' in path.read_text(), path.name
-    h100 = config_env(ROOT / "config_DGXH100_1x1x56x8.sh", clean_env())
+    h100 = config_env(ROOT / "config_DGXH100_1x1x56x4_pack.sh", clean_env())
     assert (h100["DGXNNODES"], h100["DGXNGPU"], h100["SUBMISSION_PLATFORM"]) == \
         ("1", "1", "1xNVIDIA H100 80GB")
-    assert (h100["BERT_CONFIG"], h100["PRECISION"], h100["DATADIR_PHASE2"]) == \
-        ("large", "bf16", "/raid/datasets/bert/unpadded")
+    assert (h100["BERT_CONFIG"], h100["PRECISION"], h100["DATADIR_PHASE2"], h100["LAYOUT"],
+            h100["PACKING_FACTOR"]) == ("large", "bf16", "/raid/datasets/bert/packed", "packed",
+                                        "2")
 
 
 # ---- drop_caches.sh ----------------------------------------------------------------------------

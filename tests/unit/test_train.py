@@ -77,6 +77,19 @@ def add_manifests(env: dict) -> dict:
     return env
 
 
+def packed_copy(env: dict, folder: Path) -> dict:
+    """env with DATADIR_PHASE2 = its training shards packed into `folder` (bench.loader's greedy
+    packing: up to 3 sequences per MSL-token row, in order)."""
+    from bertperf.bench.loader import synthetic_packed
+    from bertperf.formats.packed import write_packed
+    from bertperf.formats.unpadded import read_shard
+    folder.mkdir(parents=True)
+    for shard in sorted(Path(env["DATADIR_PHASE2"]).glob("*.h5")):
+        write_packed(folder / shard.name, synthetic_packed(read_shard(shard)[0], MSL), MSL,
+                     MAX_PRED, 3)
+    return {**env, "DATADIR_PHASE2": str(folder)}
+
+
 def env_for(tmp_path: Path, **extra: str) -> dict:
     return {**make_dataset(tmp_path / "data"), "BATCHSIZE": "4", "LR": "0.01", "MAX_STEPS": "50",
             "LOGDIR": str(tmp_path / "out"), **extra}
@@ -139,16 +152,8 @@ def test_layout_errors_are_one_line(tmp_path, change, message):
 def test_packed_layout_needs_the_global_batch_split(tmp_path):
     from bertperf.config import load
     from bertperf.errors import UserError
-    from bertperf.formats.packed import Packed, write_packed
-    from bertperf.formats.unpadded import read_shard
     from bertperf.train.checks import resolve_layout
-    env = env_for(tmp_path)
-    train = Path(env["DATADIR_PHASE2"])
-    for shard in sorted(train.glob("*.h5")):
-        s = read_shard(shard)[0]
-        shard.unlink()
-        write_packed(shard, Packed.from_samples(s, np.arange(len(s)), np.ones(len(s), int)),
-                     MSL, MAX_PRED, 3)
+    env = packed_copy(env_for(tmp_path), tmp_path / "packed")
     cfg = resolve_layout(load(env))
     assert cfg.data.layout == "packed" and cfg.global_batch_size == 2 * cfg.rows_per_step
     with pytest.raises(UserError, match="needs LOADER_SPLIT=global_batch"):
