@@ -88,12 +88,20 @@ def compiled_forward_loss(backend: str = "none", cuda_graphs: bool = False,
                           fullgraph: bool = True) -> Callable[..., torch.Tensor]:
     """forward_loss, torch.compile'd with `backend` ("none": not compiled, unless cuda_graphs)
     for static shapes (packed batches); cuda_graphs: inductor's mode="reduce-overhead", which
-    replays the forward and the backward as CUDA graphs. fullgraph: fail on a graph break."""
+    replays the forward and the backward as CUDA graphs, each call a new iteration of them.
+    fullgraph: fail on a graph break."""
     if backend == "none" and not cuda_graphs:
         return forward_loss
-    return torch.compile(forward_loss, backend="inductor" if backend == "none" else backend,
+    step = torch.compile(forward_loss, backend="inductor" if backend == "none" else backend,
                          dynamic=False, fullgraph=fullgraph,
                          mode="reduce-overhead" if cuda_graphs else None)
+    if not cuda_graphs:
+        return step
+
+    def replayed(*args) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return step(*args)
+    return replayed
 
 
 class BertModel(nn.Module):

@@ -165,9 +165,10 @@ class Lamb(torch.optim.Optimizer):
         """The group's step count (module docstring), made on first use; a checkpoint's count
         is moved to `device` once."""
         step = group.get("step")
-        if not isinstance(step, Tensor) or step.device != device:
-            group["step"] = torch.as_tensor(0 if step is None else step, dtype=torch.float64) \
-                .to(device)
+        if step is None:  # made on the device: no copy from the host inside a step
+            group["step"] = torch.zeros((), dtype=torch.float64, device=device)
+        elif not isinstance(step, Tensor) or step.device != device:
+            group["step"] = torch.as_tensor(step, dtype=torch.float64).to(device)
         return group["step"]
 
     @torch.no_grad()

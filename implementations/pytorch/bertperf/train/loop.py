@@ -149,11 +149,11 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     eval_share, eval_total = load_eval_share(cfg.data.eval_file, dist.rank, dist.world_size)
     report = rank0_printer(dist.rank)
     warn = rank0_printer(dist.rank, "warning: ")
-    if packed:
-        meta = packed_meta(dataset.files[0])
-        rate = meta["sequences"] / max(meta["rows"], 1)
+    if packed and dist.rank == 0:  # the warning's reader: file headers only
+        metas = [packed_meta(path) for path in dataset.files]
+        rate = sum(m["sequences"] for m in metas) / max(sum(m["rows"] for m in metas), 1)
         if abs(rate - cfg.data.packing_factor) > 0.05 * cfg.data.packing_factor:
-            warn(f"{dataset.files[0]}: {rate:.3f} sequences per row, but global_batch_size "
+            warn(f"{cfg.data.train_dir}: {rate:.3f} sequences per row, but global_batch_size "
                  f"counts {cfg.data.packing_factor} (PACKING_FACTOR)")
     preflight.verify_inputs(dist, device, loader.dataset.files, packed,
                             cfg.data.eval_file, eval_share, eval_total,
