@@ -149,6 +149,24 @@ def test_layout_errors_are_one_line(tmp_path, change, message):
     assert resolve_layout(load(env_for(tmp_path / "again"))).data.layout == "varlen"
 
 
+def test_nvidia_packed_files_are_named_for_conversion(tmp_path):
+    from bertperf.bench.loader import synthetic_packed
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    from bertperf.formats import nvidia
+    from bertperf.formats.unpadded import read_shard
+    from bertperf.train.checks import resolve_layout
+    env = env_for(tmp_path)
+    train = Path(env["DATADIR_PHASE2"])
+    for shard in sorted(train.glob("*.h5")):
+        rows = synthetic_packed(read_shard(shard)[0], MSL)
+        nvidia.write_packed(train / f"part_{shard.stem}", rows)
+        shard.unlink()
+    with pytest.raises(UserError, match="a nvidia-packed file; training reads unpadded shards "
+                                        r"\(prep unpad\) or packed ones \(prep pack\)"):
+        resolve_layout(load(env))
+
+
 def test_packed_layout_needs_the_global_batch_split(tmp_path):
     from bertperf.config import load
     from bertperf.errors import UserError
