@@ -332,7 +332,7 @@ def test_huggingface_state_dict_round_trip():
         from_hf_state_dict(untied, TINY)
 
 
-# ---- packed, fixed-shape batches -------------------------------------------------------------------
+# ---- packed, fixed-shape batches ----------------------------------------------------------------
 
 def packed_batch(s: Samples, sizes: list[int], row_len: int, masks_per_row: int,
                  order: list[int] | None = None) -> PackedBatch:

@@ -141,7 +141,7 @@ def test_the_audit_sees_syncs_and_masks():
     assert seen.count(True) == 3 and seen[-1] is False
 
 
-# ---- (b) bf16 activations -------------------------------------------------------------------------
+# ---- (b) bf16 activations ----------------------------------------------------------------------
 
 MEANT_FP32 = {
     "embedding": "lookups of the fp32 tables, cast to bf16 at once (the tables' gradients "
@@ -234,7 +234,7 @@ def test_bf16_autocast_keeps_activations_bf16(packed_env, tmp_path):
             == torch.float32
 
 
-# ---- (c) one compiled graph for the run -----------------------------------------------------------
+# ---- (c) one compiled graph for the run --------------------------------------------------------
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compiled_packed_step_has_one_graph_for_the_run(packed_env, tmp_path, backend):

@@ -209,12 +209,12 @@ class DeviceBatches:
         self.arrays = self._epochs()
         self.ahead = self._copy()
 
-    def _epochs(self) -> Iterator[tuple[Mapping, dict]]:
+    def _epochs(self) -> Iterator[tuple[Mapping, tuple[int, int]]]:
         while True:
             for arrays in self.loader:
-                yield arrays, self.loader.state_dict()
+                yield arrays, (self.loader.epoch, self.loader.position)
 
-    def _copy(self) -> tuple[MicroBatch, dict]:
+    def _copy(self) -> tuple[MicroBatch, tuple[int, int]]:
         arrays, state = next(self.arrays)
         host = BatchCounts.from_arrays(arrays)
         batch = self.batch_type.from_arrays(arrays)
@@ -228,7 +228,7 @@ class DeviceBatches:
         return MicroBatch(batch.inputs(), counts, host), state
 
     def __next__(self) -> MicroBatch:
-        micro, self.state = self.ahead
+        micro, self.position = self.ahead
         if self.stream is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(self.stream)
@@ -239,7 +239,8 @@ class DeviceBatches:
         return micro
 
     def state_dict(self) -> dict:
-        return self.state
+        epoch, position = self.position
+        return {**self.loader.state_dict(), "epoch": epoch, "position": position}
 
 
 def train_step(trainer: Trainer, micro: list[MicroBatch]) -> torch.Tensor:
