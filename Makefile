@@ -8,7 +8,7 @@ OUT ?= out
 # already met (a bare `torch` would download a multi-GB CUDA build). GPU machines bring their own.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup system-deps test test-fast demo demo-wiki bench-prep lint clean
+.PHONY: setup system-deps test test-fast demo demo-wiki bench-prep gpu-check lint clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -61,6 +61,22 @@ demo-wiki: setup
 # retired_benchmarks/bert/cleanup_scripts); without it the reference row is left out.
 bench-prep: setup
 	$(PY) -m bertperf bench prep --text $(WIKI_SAMPLE) $(if $(REFERENCE),--reference $(REFERENCE))
+
+# One CUDA GPU, under 10 minutes on an H100: tests/gpu (every kernel and path against its reference
+# on CUDA, CUDA graphs, no host syncs, and 300 steps of BERT-large from random weights on the wiki
+# sample's packed shards, which it prepares when missing), then `bench train` on BERT-large in
+# bf16 on those shards. The report goes to results/gpu_check/<date>_<GPU>.md, and the lines for
+# docs/performance.md are printed. Needs a CUDA build of torch in $(VENV).
+GPU_CHECK_DIR ?= results/gpu_check
+gpu-check: setup
+	@$(PY) -c 'import sys, torch; torch.cuda.is_available() or sys.exit( \
+	  f"gpu-check: torch {torch.__version__} in $(VENV) sees no CUDA device")'
+	mkdir -p $(GPU_CHECK_DIR)
+	report=$(GPU_CHECK_DIR)/$$(date +%F)_$$($(PY) -c \
+	  'import torch; print(torch.cuda.get_device_name().replace(" ", "_"))').md && \
+	  GPU_CHECK_REPORT=$$report $(PY) -m pytest -q tests/gpu && \
+	  $(PY) -m bertperf bench train --config large --device cuda --precision bf16 \
+	    --data $(OUT)/wiki_sample/packed --report $$report
 
 lint:
 	shellcheck -x *.sh run.sub .ci/run data_prep/*.sh compliance/*.sh

@@ -39,7 +39,7 @@ import sys
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -365,21 +365,12 @@ def fuse_region(prefix: str) -> Callable[[Sequence[Op]], list[Op]]:
     return lambda ops: fuse(ops, lambda op: op.phase if op.region.startswith(prefix) else None)
 
 
-def fuse_optimizer(ops: Sequence[Op]) -> list[Op]:
-    """The optimizer phase as one multi-tensor kernel per bertperf function (clipping's norm,
-    LAMB's update), launched as often as torch's multi_tensor_apply needs for the tensors it
-    writes."""
-    def kernel(run, reads, writes):
-        chunks = sum(-(-math.prod(a.view[1]) // _FOREACH_CHUNK) for a in writes)
-        return replace(_fused(run, reads, writes), launches=max(1, -(-chunks // _FOREACH_BLOCKS)))
-
-    return fuse(ops, lambda op: op.region if op.phase == "optimizer" else None, kernel)
-
-
 def fuse_elementwise(ops: Sequence[Op]) -> list[Op]:
-    """Every run of consecutive operators other than matmuls and attention as one kernel (what
-    torch.compile does; it does not fuse into cuBLAS matmuls)."""
-    return fuse(ops, lambda op: None if op.matmul or is_attention(op) else op.phase)
+    """Every run of consecutive forward or backward operators other than matmuls and attention
+    as one kernel: what torch.compile makes of the micro-step (it does not fuse into cuBLAS
+    matmuls, and the optimizer is not in the compiled micro-step)."""
+    return fuse(ops, lambda op: None if op.matmul or is_attention(op) or op.phase == "optimizer"
+                else op.phase)
 
 
 # ---- pricing -----------------------------------------------------------------------------------------
@@ -400,41 +391,18 @@ class StepCost:
     seconds: float
     launches: int
     bytes: float
-    matmul_flops: float
 
 
-def step_cost(ops: Sequence[Op], gpu: Gpu, launch: float, accumulation: int = 1) -> StepCost:
-    """One optimizer step: `accumulation` times the forward and backward kernels, once the
-    optimizer's."""
-    seconds = launches = moved = flops = 0.0
+def step_cost(ops: Sequence[Op], gpu: Gpu, accumulation: int = 1,
+              graphs: bool = False) -> StepCost:
+    """One optimizer step: `accumulation` times the forward and backward kernels (replayed from
+    CUDA graphs when `graphs`), once the optimizer's (launched eagerly)."""
+    seconds = launches = moved = 0.0
     for op in ops:
-        times = 1 if op.phase == "optimizer" else accumulation
+        optimizer = op.phase == "optimizer"
+        times = 1 if optimizer else accumulation
+        launch = GRAPH_LAUNCH_SECONDS if graphs and not optimizer else LAUNCH_SECONDS
         seconds += times * kernel_seconds(op, gpu, launch)
         launches += times * op.launches
         moved += times * op.bytes
-        flops += times * op.flops * op.matmul
-    return StepCost(seconds, int(launches), moved, flops)
-
-
-@dataclass(frozen=True)
-class Scenario:
-    label: str
-    transform: Callable[[Sequence[Op]], list[Op]] = list
-    launch: float = LAUNCH_SECONDS
-
-
-def scenarios(ops: Sequence[Op]) -> list[Scenario]:
-    """The current code, each fusion on its own, CUDA graphs, and all together. The fusions
-    offered are the functions of bertperf.kernels the trace ran (their plain versions on the
-    CPU), the optimizer's, and every elementwise chain."""
-    kernels = sorted({op.region.rsplit(".", 1)[0] for op in ops
-                      if op.region.startswith("kernels.") and not is_attention(op)})
-    out = [Scenario("current code, eager")]
-    out += [Scenario(f"{k.removeprefix('kernels.')}: one kernel", fuse_region(k)) for k in kernels]
-    if any(op.phase == "optimizer" for op in ops):
-        out.append(Scenario("clipping, LAMB: one multi-tensor kernel each", fuse_optimizer))
-    out.append(Scenario("every elementwise chain: one kernel", fuse_elementwise))
-    out.append(Scenario("CUDA graphs", list, GRAPH_LAUNCH_SECONDS))
-    out.append(Scenario("all of the above", lambda o: fuse_elementwise(fuse_optimizer(o)),
-                        GRAPH_LAUNCH_SECONDS))
-    return out
+    return StepCost(seconds, int(launches), moved)

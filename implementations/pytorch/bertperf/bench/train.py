@@ -4,29 +4,30 @@ step-time model for the GPU (bench/roofline.py), which is a model, not a measure
 
 Every row starts from the same weights (bertperf's initialisation, in HF's names through
 bertperf.model.hf) and trains with LAMB (gradients clipped at norm 1.0) on the same batches of
-real samples from --data (unpadded or packed shards; --synthetic: MLPerf-like lengths, no files):
-warm-up steps, then timed steps. Rows:
+real samples from --data (unpadded or packed shards; with packed shards a step is --batch rows
+and their sequences; --synthetic: MLPerf-like lengths packed in order, no files): warm-up steps,
+then timed steps. Rows:
 
   HF              transformers.BertForPreTraining, SDPA attention, batches padded to
                   max_seq_length, the MLM head on every position (as a user runs it), fp32 and
                   under bf16 autocast
-  bertperf        varlen (unpadded), then + bf16, + packed, + fused kernels, + compile,
-                  + CUDA graphs, each row adding one switch to the one before; a switch the code
-                  or the device does not have is shown as "not available (why)" and skipped
+  bertperf        the trainer's step (bertperf.model's forward_loss, backward, clipped LAMB):
+                  varlen (unpadded), then + bf16, + packed (LAYOUT=packed), + fused kernels
+                  (bertperf.kernels' Triton kernels, on CUDA; off in the rows before),
+                  + compile (COMPILE=inductor), + CUDA graphs (USE_CUDA_GRAPH=1), each row
+                  adding one switch to the one before; a switch the data, the code or the device
+                  does not allow is shown as "not available (why)" and left out of the rows after
 
 Columns: sequences/s; real (unpadded) tokens/s; model TFLOP/s counted on real tokens
-(bench/flops.py: the same for every row, whatever it pads); MFU against the dense matmul rate
-measured first on the same device (the FFN's GEMM at the batch's token count, in the row's
-precision); peak memory (CUDA: max_memory_allocated; CPU: growth of the peak RSS); the loss of
-the last step (every row should land close to the others); speed relative to HF at the same
-precision. Every row's batches are checked to hold the same sequences.
+(bench/flops.py: the same work for every row, whatever it pads); MFU against the dense matmul
+rate measured first on the same device (the FFN's GEMM at a step's token count, in the row's
+precision, best of three); peak memory (CUDA: max_memory_allocated; CPU: growth of the peak RSS);
+the loss of the last step (every row should land close to the others); speed relative to HF at
+the same precision. Rates are a step's mean work over the median step time. Every row's batches
+are checked to hold the same sequences.
 
-Default: this machine's CPU, BERT-large's layer shapes with 2 layers, 8 sequences a step,
-1 warm-up + 3 timed steps. `--config large --device cuda`: BERT-large, 56 sequences, 5 + 20 steps.
-
-The model's table prices the bertperf step's kernels, traced on fake tensors for BERT-large at
-56 sequences a micro-batch and 8 micro-batches a step (config_DGXH100_1x1x56x8.sh), with
-MLPerf's sequence lengths, on an A100 and an H100 (docs/performance.md).
+Default: this machine's CPU, BERT-large's layer shapes with 2 layers, 8 sequences (rows) a step,
+1 warm-up + 3 timed steps. `--config large --device cuda`: BERT-large, 56, 5 + 20 steps.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import math
 import platform
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -54,14 +56,22 @@ from bertperf.data.collate import collate_padded, collate_varlen
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.order import EpochPlan
 from bertperf.errors import UserError
+from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 
 SWITCHES = ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs")
 LR = 4.25e-4
 """LAMB's learning rate (MLPerf's reference at batch 448), constant."""
 MAX_GRAD_NORM = 1.0
-MODEL_BATCH, MODEL_ACCUMULATION = 56, 8
-"""The step the model prices: config_DGXH100_1x1x56x8.sh (56 sequences, 8 micro-batches)."""
+MAX_SEQS_PER_ROW, MASKED_LM_PROB = 3, 0.15
+"""Packed rows as prep pack makes them; the masking rate of MLPerf's data (and --synthetic's)."""
+MODEL_BATCH = 56
+MODEL_ACCUMULATION = {"varlen": 8, "packed": 4}
+"""The step the model prices, the single-H100 recipe's global batch of 448 sequences: 8
+micro-batches of 56 sequences (varlen) or 4 of 56 packed rows (packed)."""
+MLPERF_PACKING = 1.999
+"""Sequences a row in MLPerf's packed training data (NVIDIA's packing of the 156.7 M samples);
+the model counts a packed row as this many sequences of MLPerf's mean size."""
 MLPERF_LENGTH_QUANTILES = ((0.0, 8), (0.10, 48), (0.25, 84), (0.50, 204), (0.75, 484),
                            (0.766, 512), (1.0, 512))
 """(fraction, sequence length) of MLPerf's phase-2 Wikipedia samples (Graphcore's histogram of
@@ -137,8 +147,8 @@ def load_steps(args: argparse.Namespace, count: int) -> tuple[list[Step], str, i
             parts = [dataset.take(shard, rows) for shard, rows in refs]
             steps.append(Step(Samples.concat(parts), None))
     dataset.close()
-    return steps, f"{args.data} ({len(dataset)} {dataset.kind} shards; a step: {args.batch} " \
-        f"{unit})", dataset.max_seq_length, dataset.max_pred
+    source = f"{args.data} ({len(dataset)} {dataset.kind} shards; a step: {args.batch} {unit})"
+    return steps, source, dataset.max_seq_length, dataset.max_pred
 
 
 def mlperf_lengths(n: int) -> np.ndarray:
@@ -166,15 +176,15 @@ def digest(sequences) -> str:
 
 # ---- the step every row times ------------------------------------------------------------------
 
-def train_step(model, inputs: dict, optimizer, device_type: str, dtype):
-    """Forward (the model computes the loss), backward, clipped LAMB step; the loss (a tensor,
-    not read back here). dtype: the autocast dtype, None for float32."""
+def train_step(forward, batch: dict, optimizer, device_type: str, dtype):
+    """forward(batch): the loss, under autocast (dtype None: float32); then backward and a
+    clipped LAMB step. Returns the loss (a tensor, not read back here)."""
     import torch
 
     from bertperf.optim import clipped_step
 
     with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
-        loss = model(**inputs).loss
+        loss = forward(batch)
     loss.backward()
     clipped_step(optimizer, MAX_GRAD_NORM, None)
     optimizer.zero_grad(set_to_none=True)
@@ -185,6 +195,25 @@ def lamb(model):
     from bertperf.optim import make_optimizer, param_groups
 
     return make_optimizer("lamb", param_groups(model, 0.01), lr=LR)
+
+
+@contextlib.contextmanager
+def triton_path(use: bool | None):
+    """bertperf.kernels' choice of its Triton kernels (taken for CUDA tensors when Triton is
+    installed) as the code makes it (None), switched off (False: plain PyTorch everywhere, for
+    the rows before the fused-kernels switch), or forced on (True: on fake tensors this traces
+    the CUDA path through the kernels' fake implementations)."""
+    from bertperf.kernels import backend
+
+    if use is None:
+        yield
+        return
+    use_triton = backend.use_triton
+    backend.use_triton = lambda x: use
+    try:
+        yield
+    finally:
+        backend.use_triton = use_triton
 
 
 # ---- rows ----------------------------------------------------------------------------------------
@@ -205,12 +234,16 @@ class Bench:
 
 @dataclass
 class Trainee:
+    forward: Callable
+    """batch -> loss."""
     model: object
     optimizer: object
     batches: list[dict]
-    """Model inputs on the device, one per step."""
+    """forward's argument on the device, one per step."""
     digests: list[str]
     dtype: object
+    triton: bool | None = None
+    """bertperf.kernels' Triton path as the code chooses it, or off (triton_path)."""
 
 
 def _on(device, arrays: dict) -> dict:
@@ -251,7 +284,8 @@ def hf_row(bench: Bench, precision: str) -> Trainee:
         lengths = p["input_mask"].sum(1)
         digests.append(digest(row[:n] for row, n in zip(p["input_ids"], lengths)))
     model.to(bench.device).train()
-    return Trainee(model, lamb(model), batches, digests, _dtype(precision))
+    return Trainee(lambda batch: model(**batch).loss, model, lamb(model), batches, digests,
+                   _dtype(precision), triton=False)
 
 
 def _dtype(precision: str):
@@ -260,39 +294,84 @@ def _dtype(precision: str):
     return torch.bfloat16 if precision == "bf16" else None
 
 
-def unavailable(bench: Bench, switch: str) -> str | None:
-    """Why a switch cannot be on for this run, or None."""
+def unavailable(bench: Bench, switch: str, on: tuple[str, ...]) -> str | None:
+    """Why a switch cannot be on for this run (with the switches `on` before it), or None."""
     import torch
+
+    from bertperf.kernels import backend
 
     cuda = bench.device.type == "cuda"
     if switch == "bf16" and cuda and not torch.cuda.is_bf16_supported():
         return "this GPU has no bf16"
-    if switch == "packed":
-        return "the model takes no packed batches yet"
-    if switch == "fused kernels":
-        return "kernels/ has no fused kernels yet"
-    if switch == "compile":
-        return "the training step has no compile switch yet"
-    if switch == "CUDA graphs":
-        return "the training step has no CUDA-graph switch yet" if cuda else "CUDA only"
+    if switch == "packed" and bench.steps[0].rows is None:
+        return "needs packed shards: prep pack"
+    if switch == "fused kernels" and not cuda:
+        return "the Triton kernels run on CUDA"
+    if switch == "fused kernels" and not backend.triton_installed():
+        return "Triton is not installed"
+    if switch in ("compile", "CUDA graphs") and "packed" not in on:
+        return "needs packed batches (fixed shapes)"
+    if switch == "compile" and cuda and not backend.triton_installed():
+        return "inductor needs Triton on CUDA"
+    if switch == "CUDA graphs" and not cuda:
+        return "CUDA only"
     return None
 
 
+def micro_batch(step: Step, packed: bool, max_seq_length: int, max_pred: int) -> tuple[dict, str]:
+    """The trainer's micro-batch of a step's sequences, as host tensors: the model's inputs
+    (UnpaddedBatch, or PackedBatch of fixed-shape rows) and the loss divisors (its masked tokens
+    and sequences, so the losses are means); and the digest of the sequences it holds."""
+    import torch
+
+    from bertperf.data.collate import collate_packed, max_masks_per_row
+    from bertperf.model import PackedBatch, UnpaddedBatch
+
+    if packed:
+        rows = Packed.from_samples(step.samples, np.arange(len(step.samples)), step.rows) \
+            .batch(None, max_seq_length, MAX_SEQS_PER_ROW, max_pred)
+        arrays = collate_packed(rows, max_masks_per_row(max_seq_length, MAX_SEQS_PER_ROW,
+                                                        max_pred, MASKED_LM_PROB))
+        inputs = PackedBatch.from_arrays(arrays).inputs()
+        sequences = (row[start:start + n] for row, starts, lengths in
+                     zip(rows["input_ids"], rows["seq_starts"], rows["seq_lengths"])
+                     for start, n in zip(starts, lengths) if n)
+    else:
+        arrays = collate_varlen(step.samples)
+        inputs = UnpaddedBatch.from_arrays(arrays).inputs()
+        sequences = (arrays["input_ids"][a:b] for a, b in itertools.pairwise(arrays["cu_seqlens"]))
+    divisors = torch.tensor([float(arrays["num_masked"]), float(arrays["num_sequences"])],
+                            dtype=torch.float64)
+    return {"inputs": inputs, "divisors": divisors}, digest(sequences)
+
+
+def stepper(model, switches: tuple[str, ...]) -> Callable:
+    """batch -> loss as the trainer computes it: bertperf.model's forward_loss, compiled as
+    COMPILE=inductor and USE_CUDA_GRAPH=1 compile it."""
+    from bertperf.model import compiled_forward_loss
+
+    forward_loss = compiled_forward_loss("inductor" if "compile" in switches else "none",
+                                         cuda_graphs="CUDA graphs" in switches)
+    return lambda batch: forward_loss(model, batch["inputs"], batch["divisors"])
+
+
 def bertperf_row(bench: Bench, switches: tuple[str, ...]) -> Trainee:
-    """BertForPreTraining with these switches on (those of SWITCHES that are available)."""
-    from bertperf.model import BertForPreTraining, UnpaddedBatch
+    """BertForPreTraining with these switches on, stepped as the trainer steps it."""
+    from bertperf.model import BertForPreTraining
 
     model = BertForPreTraining(bench.config)
     model.load_state_dict(bench.initial)
     batches, digests = [], []
     for step in bench.steps:
-        arrays = collate_varlen(step.samples)
-        batches.append(_on(bench.device, UnpaddedBatch.from_arrays(arrays).inputs()))
-        cu = arrays["cu_seqlens"]
-        digests.append(digest(arrays["input_ids"][a:b] for a, b in itertools.pairwise(cu)))
+        batch, seen = micro_batch(step, "packed" in switches, bench.max_seq_length,
+                                  bench.max_pred)
+        batches.append({"inputs": _on(bench.device, batch["inputs"]),
+                        "divisors": batch["divisors"].to(bench.device)})
+        digests.append(seen)
     model.to(bench.device).train()
-    return Trainee(model, lamb(model), batches, digests,
-                   _dtype("bf16" if "bf16" in switches else "fp32"))
+    return Trainee(stepper(model, switches), model, lamb(model), batches, digests,
+                   _dtype("bf16" if "bf16" in switches else "fp32"),
+                   triton=None if "fused kernels" in switches else False)
 
 
 # ---- measuring -----------------------------------------------------------------------------------
@@ -301,15 +380,22 @@ def bertperf_row(bench: Bench, switches: tuple[str, ...]) -> Trainee:
 class Result:
     label: str
     precision: str
-    seconds: float = 0.0
-    sequences: int = 0
-    tokens: int = 0
-    flops: float = 0.0
+    seconds: list[float] = field(default_factory=list)
+    """Each timed step's time."""
+    sequences: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    flops: list[float] = field(default_factory=list)
+    """Each timed step's sequences, real tokens and model FLOPs."""
     peak_bytes: float = 0.0
     loss: float = float("nan")
     digests: tuple[str, ...] = ()
     missing: str | None = None
-    """Why the row did not run."""
+    """Why the row has no numbers: "not available (why)" or "failed (error)"."""
+
+    def rate(self, per_step: list) -> float:
+        """A step's mean amount (sequences, tokens, FLOPs) over the median step time (robust to
+        a step slowed by other work on the machine)."""
+        return float(np.mean(per_step)) / float(np.median(self.seconds))
 
 
 class PeakMemory:
@@ -350,13 +436,25 @@ def measure(bench: Bench, label: str, precision: str, build) -> Result:
     import torch
 
     result = Result(label, precision)
+    torch._dynamo.reset()  # an earlier row's compiled step lets go of its model
     memory = PeakMemory(bench.device)
     memory.start()
     torch.manual_seed(0)
     try:
         t = build()
+        train_row(bench, t, result)
     except NotAvailable as exc:
-        return replace(result, missing=str(exc))
+        return replace(result, missing=f"not available ({exc})")
+    except RuntimeError as exc:  # out of memory, a compiler error: the other rows still run
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return replace(result, missing=f"failed ({type(exc).__name__}: {first[:100]})")
+    result.peak_bytes = memory.peak()
+    return result
+
+
+def train_row(bench: Bench, t: Trainee, result: Result) -> None:
+    """Train the row on every step, timing those after the warm-up, into `result`."""
+    import torch
 
     def sync():
         if bench.device.type == "cuda":
@@ -366,37 +464,43 @@ def measure(bench: Bench, label: str, precision: str, build) -> Result:
         s = step.samples
         sync()
         start = time.perf_counter()
-        loss = train_step(t.model, batch, t.optimizer, bench.device.type, t.dtype)
+        with triton_path(t.triton):
+            loss = train_step(t.forward, batch, t.optimizer, bench.device.type, t.dtype)
         sync()
         if i >= bench.warmup:
-            result.seconds += time.perf_counter() - start
-            result.sequences += len(s)
-            result.tokens += int(s.lengths.sum())
-            result.flops += train_flops(bench.config, s.lengths, int(s.mlm_counts.sum()))
+            result.seconds.append(time.perf_counter() - start)
+            result.sequences.append(len(s))
+            result.tokens.append(int(s.lengths.sum()))
+            result.flops.append(train_flops(bench.config, s.lengths, int(s.mlm_counts.sum())))
     result.loss = float(loss)
-    result.peak_bytes = memory.peak()
     result.digests = tuple(t.digests)
-    del t
-    return result
 
 
 def matmul_rate(device, dtype, m: int, k: int, n: int, seconds: float = 0.5) -> float:
-    """FLOP/s of an [m, k] x [k, n] matmul on the device, repeated for at least `seconds`."""
+    """FLOP/s of an [m, k] x [k, n] matmul on the device: doubling runs of back-to-back
+    matmuls until one takes at least `seconds`; the best of three such runs."""
+    return max(_matmul_rate(device, dtype, m, k, n, seconds) for _ in range(3))
+
+
+def _matmul_rate(device, dtype, m: int, k: int, n: int, seconds: float) -> float:
     import torch
 
     a = torch.randn(m, k, device=device, dtype=dtype)
     b = torch.randn(k, n, device=device, dtype=dtype)
-    reps, elapsed = 0, 0.0
-    (a @ b).sum().item()  # warm-up
-    start = time.perf_counter()
-    while elapsed < seconds:
-        c = a @ b
-        reps += 1
+    c = torch.mm(a, b)  # warm-up
+    reps = 1
+    while True:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b, out=c)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
-    del c
-    return 2.0 * m * k * n * reps / elapsed
+        if elapsed >= seconds:
+            return 2.0 * m * k * n * reps / elapsed
+        reps *= 2
 
 
 def rows(bench: Bench, precisions: tuple[str, ...]):
@@ -409,7 +513,7 @@ def rows(bench: Bench, precisions: tuple[str, ...]):
     for switch in SWITCHES:
         if switch == "bf16" and len(precisions) == 1:
             continue
-        why = unavailable(bench, switch)
+        why = unavailable(bench, switch, on)
         if why is None:
             on += (switch,)
         label = "bertperf: varlen" if switch == "varlen" else f"bertperf: + {switch}"
@@ -424,67 +528,114 @@ def rows(bench: Bench, precisions: tuple[str, ...]):
 
 # ---- the model -------------------------------------------------------------------------------------
 
-def trace_bertperf(config, samples: Samples, dtype):
-    """The bertperf training step's kernels on these samples (bench/roofline.py), on fake
-    tensors."""
+def model_steps() -> dict[str, Step]:
+    """The micro-batches the model prices: 56 sequences at MLPerf's length quantiles (varlen);
+    56 rows (packed): twice as many such sequences packed first-fit decreasing, up to 3 a row,
+    the fullest 56 rows kept (MLPerf's packed data fills its rows to 99.7 %)."""
+    lengths = sorted(mlperf_lengths(2 * MODEL_BATCH).tolist(), reverse=True)
+    rows: list[list[int]] = []
+    for n in lengths:
+        row = next((r for r in rows if sum(r) + n <= 512 and len(r) < MAX_SEQS_PER_ROW), None)
+        if row is None:
+            rows.append(row := [])
+        row.append(n)
+    rows = sorted(rows, key=sum, reverse=True)[:MODEL_BATCH]
+    return {"varlen": Step(samples_of_lengths(mlperf_lengths(MODEL_BATCH)), None),
+            "packed": Step(samples_of_lengths(np.array([n for r in rows for n in r])),
+                           np.array([len(r) for r in rows]))}
+
+
+def trace_step(config, step: Step, packed: bool, triton: bool):
+    """The kernels of the trainer's bf16 step (forward_loss, backward, clipped LAMB) on this
+    micro-batch, traced on fake tensors (bench/roofline.py) with bertperf.kernels' Triton path
+    on or off; the segment lengths its attention runs over."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from bertperf.bench import roofline
-    from bertperf.model import BertForPreTraining, UnpaddedBatch
+    from bertperf.model import BertForPreTraining
 
     fake = FakeTensorMode()
     with fake:
         model = BertForPreTraining(config)
         optimizer = lamb(model)
-    inputs = {k: fake.from_tensor(v) if isinstance(v, torch.Tensor) else v
-              for k, v in UnpaddedBatch.from_arrays(collate_varlen(samples)).inputs().items()}
-    with fake:
-        return roofline.trace(lambda: train_step(model, inputs, optimizer, "cpu", dtype))
+    batch, _ = micro_batch(step, packed, 512, 76)
+    segments = np.diff(batch["inputs"]["cu_seqlens"].numpy())
+    batch = {"inputs": {k: fake.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                        for k, v in batch["inputs"].items()},
+             "divisors": fake.from_tensor(batch["divisors"])}
+    forward = stepper(model, ())
+    with fake, triton_path(triton):
+        trace = roofline.trace(lambda: train_step(forward, batch, optimizer, "cpu",
+                                                  torch.bfloat16))
+    return trace, segments
+
+
+MODEL_TITLE = "step-time MODEL for the GPU (a model, not a measurement)"
 
 
 def print_model() -> None:
-    """The second table: BERT-large's step on each GPU, as the code runs it and with each
-    fusion (bench/roofline.py)."""
-    import torch
-
+    """The second table: BERT-large's step on an A100 and an H100 as the code runs it (varlen
+    or packed, bertperf.kernels' Triton kernels), without those kernels and with each of them,
+    and with COMPILE and USE_CUDA_GRAPH (bench/roofline.py)."""
     from bertperf.bench import roofline
     from bertperf.model import BertConfig
 
     config = BertConfig.large()
-    lengths = mlperf_lengths(MODEL_BATCH)
-    samples = samples_of_lengths(lengths)
     t0 = time.perf_counter()
-    trace = trace_bertperf(config, samples, torch.bfloat16)
-    ops = roofline.flash_attention(trace.ops, lengths, config.hidden_size,
-                                   config.num_attention_heads)
-    useful = MODEL_ACCUMULATION * train_flops(config, lengths, int(samples.mlm_counts.sum()))
-    sequences = MODEL_ACCUMULATION * MODEL_BATCH
-    print(f"\nstep-time MODEL for the GPU (a model, not a measurement): BERT-large, "
-          f"{MODEL_ACCUMULATION} micro-batches of {MODEL_BATCH} sequences a step, unpadded, "
-          f"bf16 autocast; lengths at MLPerf's quantiles (mean {lengths.mean():.1f}, "
-          f"E[L^2] {np.mean(lengths.astype(float) ** 2):,.0f}, "
-          f"{samples.mlm_counts.mean():.1f} masked a sequence)")
-    print(f"the bertperf step's kernels traced on fake tensors in "
-          f"{time.perf_counter() - t0:.1f} s: {len(trace.ops):,} kernels a micro-batch and "
-          f"optimizer step, {trace.syncs} host syncs (not priced); attention as FlashAttention "
-          f"varlen; kernel time = max(FLOPs / rate, bytes / bandwidth, launch cost), matmuls at "
-          f"{roofline.MATMUL_EFFICIENCY:.0%} of the tensor peak, memory at "
-          f"{roofline.MEMORY_EFFICIENCY:.0%} of the bandwidth, launch "
+    steps = model_steps()
+    traces = {}
+    for layout, triton in (("varlen", False), ("varlen", True), ("packed", True)):
+        trace, segments = trace_step(config, steps[layout], layout == "packed", triton)
+        traces[layout, triton] = trace, roofline.flash_attention(
+            trace.ops, segments, config.hidden_size, config.num_attention_heads)
+    plain = traces["varlen", False][1]
+    current, packed = traces["varlen", True][1], traces["packed", True][1]
+    regions = sorted({op.region.rsplit(".", 1)[0] for op in plain
+                      if op.region.startswith("kernels.") and not roofline.is_attention(op)})
+    rows = [("varlen, plain PyTorch (no Triton kernels)", "varlen", plain, False),
+            *((f"varlen, plain + {r.removeprefix('kernels.')} in one kernel", "varlen",
+               roofline.fuse_region(r)(plain), False) for r in regions),
+            ("varlen, Triton kernels", "varlen", current, False),
+            ("packed (LAYOUT=packed), Triton kernels", "packed", packed, False),
+            ("packed + COMPILE=inductor (elementwise chains fused)", "packed",
+             roofline.fuse_elementwise(packed), False),
+            ("packed + COMPILE=inductor + USE_CUDA_GRAPH=1", "packed",
+             roofline.fuse_elementwise(packed), True)]
+    v, p = steps["varlen"].samples, steps["packed"]
+    print(f"\n{MODEL_TITLE}: BERT-large, bf16 autocast, a step of 448 sequences as on one H100: "
+          f"{MODEL_ACCUMULATION['varlen']} micro-batches of {MODEL_BATCH} sequences (varlen; "
+          f"lengths at MLPerf's quantiles: mean {v.lengths.mean():.1f}, E[L^2] "
+          f"{np.mean(v.lengths ** 2.0):,.0f}, {v.mlm_counts.mean():.1f} masked a sequence) or "
+          f"{MODEL_ACCUMULATION['packed']} of {len(p.rows)} rows (packed; filled to "
+          f"{p.samples.lengths.sum() / len(p.rows) / 512:.1%} with such sequences, counted as "
+          f"MLPerf's {MLPERF_PACKING} sequences a row)")
+    print(f"the trainer's step traced on fake tensors ({time.perf_counter() - t0:.0f} s; host "
+          f"syncs in it: {traces['varlen', True][0].syncs} varlen, "
+          f"{traces['packed', True][0].syncs} packed, not priced); attention as FlashAttention "
+          f"varlen; a kernel takes max(FLOPs / rate, bytes / bandwidth, launch): matmuls at "
+          f"{roofline.MATMUL_EFFICIENCY:.0%} of the bf16 tensor peak, attention at "
+          + ", ".join(f"{g.attention_efficiency:.0%} ({g.name.split()[0]})" for g in roofline.GPUS)
+          + f", memory at {roofline.MEMORY_EFFICIENCY:.0%} of the bandwidth, launch "
           f"{roofline.LAUNCH_SECONDS * 1e6:.0f} us (CUDA graphs: "
-          f"{roofline.GRAPH_LAUNCH_SECONDS * 1e6:.0f} us); model TFLOP/s on real tokens "
-          f"{useful / 1e12:.1f} TFLOP a step")
-    print("| GPU | step | kernels | GB moved | ms/step | seq/s | MFU | saves ms |")
+          f"{roofline.GRAPH_LAUNCH_SECONDS * 1e6:.0f} us); MFU = model FLOP/s on real tokens / "
+          f"the matmul rate")
+    print("| GPU | step | kernels | GB moved | ms/step | seq/s | MFU | vs plain |")
     print("|---|---|---|---|---|---|---|---|")
+    v = steps["varlen"].samples
+    per_sequence = train_flops(config, v.lengths, int(v.mlm_counts.sum())) / len(v)
+    sequences = {"varlen": len(v), "packed": MODEL_BATCH * MLPERF_PACKING}
     for gpu in roofline.GPUS:
-        base = None
-        for sc in roofline.scenarios(ops):
-            cost = roofline.step_cost(sc.transform(ops), gpu, sc.launch, MODEL_ACCUMULATION)
-            base = base or cost.seconds
-            mfu = useful / cost.seconds / (gpu.tensor_flops * roofline.MATMUL_EFFICIENCY)
-            print(f"| {gpu.name} | {sc.label} | {cost.launches:,} | {cost.bytes / 1e9:,.1f} | "
-                  f"{cost.seconds * 1e3:,.1f} | {sequences / cost.seconds:,.0f} | {mfu:.0%} | "
-                  f"{(base - cost.seconds) * 1e3:,.1f} |")
+        base = MODEL_ACCUMULATION["varlen"] * len(v) \
+            / roofline.step_cost(plain, gpu, MODEL_ACCUMULATION["varlen"]).seconds
+        for label, layout, ops, graphs in rows:
+            if " + " in label and "plain" in label and gpu is not roofline.GPUS[-1]:
+                continue  # each kernel's share: on the H100 only
+            cost = roofline.step_cost(ops, gpu, MODEL_ACCUMULATION[layout], graphs)
+            rate = MODEL_ACCUMULATION[layout] * sequences[layout] / cost.seconds
+            mfu = rate * per_sequence / (gpu.tensor_flops * roofline.MATMUL_EFFICIENCY)
+            print(f"| {gpu.name} | {label} | {cost.launches:,} | {cost.bytes / 1e9:,.1f} | "
+                  f"{cost.seconds * 1e3:,.1f} | {rate:,.0f} | {mfu:.0%} | {rate / base:.2f}x |")
     print("(a model, not a measurement: `make gpu-check` measures the real thing)")
 
 
@@ -570,7 +721,7 @@ def measure_rows(args: argparse.Namespace) -> None:
     tokens = int(np.mean([s.lengths.sum() for s in timed_steps]))
     rate = {p: matmul_rate(device, torch.bfloat16 if p == "bf16" else torch.float32, tokens,
                            config.hidden_size, config.intermediate_size) for p in precisions}
-    print("dense matmul rate, [" + f"{tokens} x {config.hidden_size}] x "
+    print("dense matmul rate (best of 3), [" + f"{tokens} x {config.hidden_size}] x "
           f"[{config.hidden_size} x {config.intermediate_size}]: "
           + ", ".join(f"{p} {r / 1e12:.2f} TFLOP/s" for p, r in rate.items()))
 
@@ -603,12 +754,11 @@ def print_table(results: list[Result], rate: dict[str, float], cuda: bool) -> No
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if r.missing is not None:
-            print(f"| {r.label} | {r.precision} | not available ({r.missing}) | | | | | | |")
+            print(f"| {r.label} | {r.precision} | {r.missing} | | | | | | |")
             continue
-        tflops = r.flops / r.seconds / 1e12
         base = hf.get(r.precision)
-        ratio = f"{r.sequences / r.seconds / (base.sequences / base.seconds):.2f}x" if base else ""
-        print(f"| {r.label} | {r.precision} | {r.sequences / r.seconds:,.2f} | "
-              f"{r.tokens / r.seconds:,.0f} | {tflops:.3f} | "
-              f"{r.flops / r.seconds / rate[r.precision]:.0%} | {_gib(r.peak_bytes)} | "
-              f"{r.loss:.4f} | {ratio} |")
+        seq = r.rate(r.sequences)
+        ratio = f"{seq / base.rate(base.sequences):.2f}x" if base else ""
+        print(f"| {r.label} | {r.precision} | {seq:,.2f} | {r.rate(r.tokens):,.0f} | "
+              f"{r.rate(r.flops) / 1e12:.3f} | {r.rate(r.flops) / rate[r.precision]:.0%} | "
+              f"{_gib(r.peak_bytes)} | {r.loss:.4f} | {ratio} |")
