@@ -5,6 +5,7 @@ Wikipedia sample exists only in ../shared, and the tests that need it skip witho
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -12,6 +13,18 @@ import numpy as np
 import pytest
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+GPU_TESTS = Path(__file__).resolve().parent / "gpu"
+
+
+def pytest_configure(config):
+    """Triton decides when it is imported whether kernels, its own language library included, are
+    interpreted, and torch imports it early (torch._dynamo). The CPU tests interpret the kernels
+    (tests/unit/test_triton_kernels.py), so the choice is made here, before any test module
+    loads, for every run but one of tests/gpu alone (`make gpu-check`), which needs them compiled."""
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    if not paths or not all(path.is_relative_to(GPU_TESTS) for path in paths):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -93,3 +93,26 @@ def test_launch_help_starts_without_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_sigterm_swallowed_where_it_landed_stops_the_next_step():
+    """SIGTERM raises wherever the main thread is; where that raise is swallowed (a finalizer, a
+    library's broad except clause) the loop's step boundary raises it again, and leaving the
+    block puts the earlier handler back and forgets the signal."""
+    import os
+
+    from bertperf.train.dist import failures_as_errors, raise_if_terminated
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(FollowOnError, match="rank 3: stopped by SIGTERM"):
+        with failures_as_errors(3):
+            raise_if_terminated()  # no signal yet: nothing to raise
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):  # the handler runs between bytecodes of this thread
+                    pass
+            except Exception:  # noqa: BLE001 (what a library might do with it)
+                pass
+            raise_if_terminated()
+    assert signal.getsignal(signal.SIGTERM) is before
+    with failures_as_errors(3):
+        raise_if_terminated()

@@ -17,8 +17,7 @@ import sys
 
 import pytest
 
-os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined: interpreted on CPU
-pytest.importorskip("triton")
+pytest.importorskip("triton")  # interpreted: tests/conftest.py sets TRITON_INTERPRET=1 first
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -51,7 +50,7 @@ SEED = 20240607
 @pytest.fixture(autouse=True)
 def interpreted():
     if not isinstance(tk_bias_gelu.bias_gelu_fwd, InterpretedFunction):
-        pytest.fail("the kernels were defined before TRITON_INTERPRET=1 was set")
+        pytest.fail("Triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py)")
 
 
 @pytest.fixture

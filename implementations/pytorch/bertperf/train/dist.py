@@ -78,16 +78,28 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+_terminated: list[str] = []  # the SIGTERM message, once the signal came (handlers are per process)
+
+
+def raise_if_terminated() -> None:
+    """Raise SIGTERM's FollowOnError again, at a step boundary. The handler raises where the main
+    thread happens to be, and that can be where an exception is swallowed: a finalizer run by the
+    garbage collector, a library's broad except clause. The run then stops here instead."""
+    if _terminated:
+        raise FollowOnError(_terminated[0])
+
+
 @contextlib.contextmanager
 def failures_as_errors(rank: int) -> Iterator[None]:
     """Turn the ways a job dies around this rank into one-line FollowOnErrors naming the rank:
     SIGTERM (torchrun, mpirun or Slurm stopping the job, e.g. after another rank failed or at the
-    time limit) and a failed collective (a peer that died; gloo notices at once, NCCL and a
-    silent peer after DIST_TIMEOUT)."""
+    time limit; raised at once, and again by raise_if_terminated) and a failed collective (a peer
+    that died; gloo notices at once, NCCL and a silent peer after DIST_TIMEOUT)."""
     def on_sigterm(signum, frame):
-        raise FollowOnError(f"rank {rank}: stopped by SIGTERM (the launcher or Slurm ended the "
-                            "job)")
+        _terminated[:] = [f"rank {rank}: stopped by SIGTERM (the launcher or Slurm ended the job)"]
+        raise FollowOnError(_terminated[0])
 
+    _terminated.clear()
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield

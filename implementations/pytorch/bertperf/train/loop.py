@@ -327,6 +327,7 @@ def run_loop(trainer: Trainer, progress: Callable[[str], None],
     trainer.model.train()
     interval = Interval(trainer.device)
     while True:
+        distributed.raise_if_terminated()
         micro = [next(trainer.batches) for _ in range(cfg.train.gradient_steps)]
         interval.add(train_step(trainer, micro), micro)
         step += 1
