@@ -220,12 +220,14 @@ def test_cross_entropy_padding_slots_count_as_nothing():
 # ---- LAMB over flat buffers --------------------------------------------------------------------
 
 def flat_setup(model: torch.nn.Module, block: int = LambLayout.BLOCK):
-    """param_groups(model) as a LambLayout, the flat fp32 copies of the weights, zero moments."""
+    """param_groups(model) as a LambLayout (a parameter marked lamb_row_blocks = n as n tensors,
+    as Lamb takes it), the flat fp32 copies of the weights, zero moments."""
     groups = param_groups(model, 0.01)
     params = [p for g in groups for p in g["params"]]
-    layout = LambLayout([p.numel() for p in params],
-                        [g["weight_decay"] for g in groups for _ in g["params"]],
-                        [Lamb.adapts(g) for g in groups for _ in g["params"]], "cpu", block)
+    blocks = [(g, p.numel() // n) for g in groups for p in g["params"]
+              for n in [getattr(p, "lamb_row_blocks", 1)] for _ in range(n)]
+    layout = LambLayout([numel for _, numel in blocks], [g["weight_decay"] for g, _ in blocks],
+                        [Lamb.adapts(g) for g, _ in blocks], "cpu", block)
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     return groups, params, layout, [flat, torch.zeros_like(flat), torch.zeros_like(flat)]
 

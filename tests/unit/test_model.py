@@ -18,6 +18,7 @@ from bertperf.formats.packed import Packed
 from bertperf.model import (BertConfig, BertForPreTraining, PackedBatch, PaddedBatch,
                             PaddedBertForPreTraining, UnpaddedBatch, from_hf_state_dict, pad,
                             tf_name, tf_transposed, to_hf_state_dict, unpack_rows, unpad)
+from bertperf.model.layers import PROJECTIONS
 
 MLPERF_BERT_CONFIG = {  # the MLPerf checkpoint's bert_config.json
     "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
@@ -64,7 +65,16 @@ def models(config: BertConfig = TINY, seed: int = 0):
 
 
 def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad for n, p in model.named_parameters()}
+    """Every gradient under its state-dict name: qkv's as the query, key and value blocks."""
+    out = {}
+    for name, p in model.named_parameters():
+        if ".qkv." in name:
+            module, leaf = name.split(".qkv.")
+            out.update({f"{module}.{proj}.{leaf}": g
+                        for proj, g in zip(PROJECTIONS, p.grad.chunk(len(PROJECTIONS)))})
+        else:
+            out[name] = p.grad
+    return out
 
 
 def assert_same_batch(got: UnpaddedBatch, expected: UnpaddedBatch) -> None:
@@ -99,7 +109,8 @@ def test_bert_large_parameter_count_and_tf_names():
                 + c.num_hidden_layers * layer + (h * h + h)  # encoder, pooler
                 + (h * h + h) + 2 * h + v + (2 * h + 2))  # MLM transform, bias; NSP
     assert sum(p.numel() for p in model.parameters()) == expected == 336_232_258
-    names = [n for n, _ in model.named_parameters()]
+    names = list(model.state_dict())  # q, k and v: one parameter, three state-dict tensors
+    assert len(list(model.parameters())) == 398 - 2 * 2 * c.num_hidden_layers
     tf = {tf_name(n) for n in names}
     assert len(tf) == len(names) == 398  # the MLPerf checkpoint's 398 weights_initialization names
     assert tf_name("bert.encoder.layer.23.attention.self.query.weight") == \
@@ -330,6 +341,31 @@ def test_huggingface_state_dict_round_trip():
     untied["cls.predictions.decoder.weight"] = untied["cls.predictions.decoder.weight"] + 1
     with pytest.raises(UserError, match="tied"):
         from_hf_state_dict(untied, TINY)
+
+
+def test_qkv_is_one_parameter_saved_under_hf_names():
+    """Q, K and V are one parameter pair (one GEMM, LAMB blocks marked) that state dicts hold as
+    HF's query/key/value tensors, in HF's order; loading concatenates them back, and a state
+    dict without one of them does not load."""
+    model, _ = models()
+    sa = model.bert.encoder.layer[1].attention.self
+    prefix = "bert.encoder.layer.1.attention.self."
+    assert [n for n, _ in sa.named_parameters()] == ["qkv.weight", "qkv.bias"]
+    assert sa.qkv.weight.lamb_row_blocks == sa.qkv.bias.lamb_row_blocks == 3
+    state = model.state_dict()
+    assert not any(".qkv." in name for name in state)
+    assert [n.removeprefix(prefix) for n in state if n.startswith(prefix)] == [
+        f"{proj}.{leaf}" for proj in PROJECTIONS for leaf in ("weight", "bias")]
+    for leaf in ("weight", "bias"):
+        assert torch.equal(torch.cat([state[f"{prefix}{proj}.{leaf}"] for proj in PROJECTIONS]),
+                           getattr(sa.qkv, leaf))
+    other, _ = models(seed=1)
+    other.load_state_dict(state, strict=True)
+    assert all(torch.equal(a, b) for a, b in zip(other.parameters(), model.parameters()))
+    assert f"{prefix}query.weight" in state and f"{prefix}qkv.weight" not in state  # untouched
+    del state[f"{prefix}key.bias"]
+    with pytest.raises(RuntimeError, match="qkv.bias"):
+        other.load_state_dict(state, strict=True)
 
 
 # ---- packed, fixed-shape batches ----------------------------------------------------------------

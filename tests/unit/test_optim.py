@@ -180,6 +180,57 @@ def test_no_adaptation_group_and_missing_grad():
     assert untouched not in opt.state
 
 
+def test_fused_qkv_takes_its_trust_ratio_per_block():
+    """BERT's q/k/v as one parameter pair marked lamb_row_blocks = 3 (bertperf.model.layers)
+    steps exactly as three separate parameters (the TF reference's variables) with the same
+    weights and gradients: moments, norms and trust ratio per block. Unmarked, one ratio for the
+    whole tensor gives other weights (the blocks' norms differ by 100x)."""
+    from bertperf.model import BertConfig
+    from bertperf.model.layers import PROJECTIONS, BertSelfAttention
+
+    config = BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=16)
+    torch.manual_seed(0)
+    fused = BertSelfAttention(config).double()
+    with torch.no_grad():
+        fused.qkv.weight.mul_(torch.tensor([1.0, 10.0, 0.1], dtype=torch.float64)
+                              .repeat_interleave(8)[:, None])
+        fused.qkv.bias.normal_()
+    assert fused.qkv.weight.lamb_row_blocks == fused.qkv.bias.lamb_row_blocks == 3
+    unmarked = BertSelfAttention(config).double()
+    unmarked.load_state_dict(fused.state_dict())
+    for p in unmarked.qkv.parameters():
+        del p.lamb_row_blocks
+    separate = nn.ModuleDict({name: nn.Linear(8, 8).double() for name in PROJECTIONS})
+    with torch.no_grad():
+        for i, name in enumerate(PROJECTIONS):
+            separate[name].weight.copy_(fused.qkv.weight.chunk(3)[i])
+            separate[name].bias.copy_(fused.qkv.bias.chunk(3)[i])
+
+    def weight_and_bias(model: nn.Module) -> list[list[nn.Parameter]]:
+        """[[weights], [biases]]: the fused pair's or the separate blocks'."""
+        if isinstance(model, BertSelfAttention):
+            return [[model.qkv.weight], [model.qkv.bias]]
+        return [[model[n].weight for n in PROJECTIONS], [model[n].bias for n in PROJECTIONS]]
+
+    def run(model: nn.Module) -> list[torch.Tensor]:
+        """3 LAMB steps with the same gradients for every model; the weights and biases after."""
+        opt = Lamb(param_groups(model, 0.01), lr=0.05, betas=(0.9, 0.999), eps=1e-6)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            for params, shape in zip(weight_and_bias(model), ((24, 8), (24,))):
+                grad = torch.randn(shape, generator=g, dtype=torch.float64)
+                for p, part in zip(params, grad.chunk(len(params))):
+                    p.grad = part.clone()
+            opt.step()
+        return [torch.cat([p.detach() for p in params]) for params in weight_and_bias(model)]
+
+    expected = run(separate)
+    for got, want in zip(run(fused), expected):
+        torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-15)
+    assert not torch.allclose(run(unmarked)[0], expected[0], rtol=1e-3, atol=0)
+
+
 def test_lamb_state_dict_roundtrip_continues_identically():
     def run(split: bool):
         p = nn.Parameter(torch.tensor([1.0, 2.0, -1.5], dtype=torch.float64))

@@ -2,8 +2,11 @@
 tokens of the batch, sequences concatenated (boundaries in cu_seqlens).
 
 Module and parameter names are those of HuggingFace's BertForPreTraining (so state dicts map
-one-to-one, bertperf.model.hf); the weights of query, key and value stay separate parameters (the
-LAMB trust ratio is per parameter, as in the TF reference) and are applied as one GEMM.
+one-to-one, bertperf.model.hf), but for query, key and value: one parameter pair, `qkv.weight`
+[3·hidden, hidden] and `qkv.bias` [3·hidden], applied as one GEMM. The state dict still holds
+them as HF's `query`, `key` and `value` tensors (split on save, concatenated on load), and they
+are marked `lamb_row_blocks = 3`, so LAMB takes their norms and trust ratio per q/k/v block as
+the TF reference, which has separate variables, does.
 """
 
 from __future__ import annotations
@@ -46,24 +49,49 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(h).to(dtype))
 
 
+PROJECTIONS = ("query", "key", "value")
+"""The blocks of BertSelfAttention's qkv parameters, in row order, named as in HF's state dict."""
+
+
 class BertSelfAttention(nn.Module):
-    """Q, K, V projections and variable-length attention; returns the heads' context [T, hidden]."""
+    """Q, K, V projections in one GEMM (`qkv`, rows: query, key, value) and variable-length
+    attention; returns the heads' context [T, hidden]. State dicts hold HF's query/key/value
+    tensors (`_split_qkv`, `_fuse_qkv`)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.dropout_prob = config.attention_probs_dropout_prob
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.qkv = nn.Linear(config.hidden_size, len(PROJECTIONS) * config.hidden_size)
+        for param in self.qkv.parameters():
+            param.lamb_row_blocks = len(PROJECTIONS)
+        self.register_state_dict_post_hook(_split_qkv)
+        self.register_load_state_dict_pre_hook(_fuse_qkv)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(x, weight, bias).view(x.shape[0], 3, self.num_heads, -1)
+        qkv = self.qkv(x).view(x.shape[0], len(PROJECTIONS), self.num_heads, -1)
         p = self.dropout_prob if self.training else 0.0
         ctx = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_seqlen, p)
         return ctx.reshape(x.shape)
+
+
+def _split_qkv(module: BertSelfAttention, state_dict: dict, prefix: str, local_metadata) -> None:
+    """State-dict hook: `qkv.weight`/`qkv.bias` replaced by HF's query/key/value tensors (views of
+    the blocks), in HF's order."""
+    blocks = {leaf: state_dict.pop(f"{prefix}qkv.{leaf}").chunk(len(PROJECTIONS))
+              for leaf in ("weight", "bias")}
+    for i, name in enumerate(PROJECTIONS):
+        for leaf, tensors in blocks.items():
+            state_dict[f"{prefix}{name}.{leaf}"] = tensors[i]
+
+
+def _fuse_qkv(module: BertSelfAttention, state_dict: dict, prefix: str, *args) -> None:
+    """Load pre-hook: HF's query/key/value tensors concatenated into `qkv.weight`/`qkv.bias`
+    (where one of the three is missing, the others are left as they are: a strict load fails)."""
+    for leaf in ("weight", "bias"):
+        names = [f"{prefix}{name}.{leaf}" for name in PROJECTIONS]
+        if all(name in state_dict for name in names):
+            state_dict[f"{prefix}qkv.{leaf}"] = torch.cat([state_dict.pop(n) for n in names])
 
 
 class BertSelfOutput(nn.Module):

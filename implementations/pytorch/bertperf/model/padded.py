@@ -26,11 +26,10 @@ class PaddedBertForPreTraining(BertForPreTraining):
         B, L, _ = h.shape
         sa = layer.attention.self
 
-        def heads(lin: torch.nn.Linear) -> torch.Tensor:  # [B, heads, L, head_size]
-            return F.linear(h, lin.weight, lin.bias).view(B, L, c.num_attention_heads, -1) \
-                .transpose(1, 2)
+        def heads(weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:  # [B, heads, L, hs]
+            return F.linear(h, weight, bias).view(B, L, c.num_attention_heads, -1).transpose(1, 2)
 
-        q, k, v = heads(sa.query), heads(sa.key), heads(sa.value)
+        q, k, v = map(heads, sa.qkv.weight.chunk(3), sa.qkv.bias.chunk(3))  # 3 separate GEMMs
         scores = q @ k.transpose(-1, -2) / c.head_size ** 0.5
         scores = scores.masked_fill(~key_mask, float("-inf"))
         probs = self._dropout(torch.softmax(scores, dim=-1), c.attention_probs_dropout_prob)

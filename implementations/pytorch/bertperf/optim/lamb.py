@@ -68,6 +68,11 @@ import torch
 from torch import Tensor
 
 
+def _row_blocks(t: Tensor, n: int) -> tuple[Tensor, ...]:
+    """t as n equal blocks along dim 0 (views of t; an error when its rows do not split)."""
+    return t.unflatten(0, (n, -1)).unbind(0) if n != 1 else (t,)
+
+
 def _stacked_norms(tensors: list[Tensor]) -> Tensor:
     """Per-tensor L2 norms as one 1-D tensor (float32 for fp32/fp16/bf16 tensors, else native)."""
     low = all(t.dtype in (torch.float32, torch.float16, torch.bfloat16) for t in tensors)
@@ -140,7 +145,9 @@ class Lamb(torch.optim.Optimizer):
         return bool(flag)
 
     def _group_lists(self, group: dict[str, Any]) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
-        """The params with a gradient, their grads and moments (moments created on first use)."""
+        """The params with a gradient, their grads and moments (moments created on first use).
+        A parameter marked `lamb_row_blocks = n` (BERT's fused q/k/v) enters as its n row blocks
+        (views, so the in-place updates land in it), each with its own norms and trust ratio."""
         params: list[Tensor] = []
         grads: list[Tensor] = []
         exp_avgs: list[Tensor] = []
@@ -154,10 +161,11 @@ class Lamb(torch.optim.Optimizer):
             if not state:
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            params.append(p)
-            grads.append(p.grad)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
+            n = getattr(p, "lamb_row_blocks", 1)
+            params.extend(_row_blocks(p, n))
+            grads.extend(_row_blocks(p.grad, n))
+            exp_avgs.extend(_row_blocks(state["exp_avg"], n))
+            exp_avg_sqs.extend(_row_blocks(state["exp_avg_sq"], n))
         return params, grads, exp_avgs, exp_avg_sqs
 
     @staticmethod

@@ -43,7 +43,7 @@ from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert_config import BertConfig
 
-FORMAT = "bertperf-checkpoint-2"  # 2: step counts and LR schedule on the device
+FORMAT = "bertperf-checkpoint-3"  # 2: step counts and LR on the device; 3: q/k/v one parameter
 NAME = re.compile(r"^ckpt_(\d+)\.pt$")
 
 
