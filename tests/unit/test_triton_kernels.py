@@ -22,6 +22,7 @@ pytest.importorskip("triton")  # interpreted: tests/conftest.py sets TRITON_INTE
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from bertperf.kernels import (LambLayout, backend, bias_gelu, bias_gelu_layer_norm,  # noqa: E402
@@ -38,8 +39,10 @@ from bertperf.kernels.layer_norm import layer_norm_triton  # noqa: E402
 from bertperf.kernels.triton import (bias_gelu as tk_bias_gelu,  # noqa: E402
                                      cross_entropy as tk_cross_entropy, embedding as tk_embedding,
                                      lamb as tk_lamb, layer_norm as tk_layer_norm)
+from bertperf.model import BertConfig, BertForPreTraining  # noqa: E402
 from bertperf.optim import Lamb  # noqa: E402
 from tests.unit.test_kernels import flat_setup, tiny_bert  # noqa: E402
+from tests.unit.test_model import packed_batch, samples  # noqa: E402
 
 MODULES = (tk_bias_gelu, tk_layer_norm, tk_embedding, tk_cross_entropy, tk_lamb)
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 kernels against the float64 references
@@ -294,6 +297,49 @@ def test_lamb_dispatch_and_trust_ratio_edge_cases(triton_path):
     m, v = torch.zeros_like(w), torch.zeros_like(w)
     lamb_step(layout, w, grads, m, v, lr=0.1, betas=(0.9, 0.999), eps=1e-6, step=1)
     torch.testing.assert_close(w, torch.cat([p.detach() for p in params]), rtol=1e-6, atol=1e-7)
+
+
+# ---- the model on the Triton path ---------------------------------------------------------------
+
+def test_model_on_the_triton_path_equals_the_plain_path(monkeypatch):
+    """A 2-layer BertForPreTraining (fp32, dropout 0) on a packed batch: with every kernel
+    function on its Triton path (interpreted) the loss and every gradient equal the plain path's,
+    and each fused op the model calls ran its Triton kernels, forward and backward."""
+    config = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=128, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config).train()
+    batch = packed_batch(samples([20, 9, 14, 5], seed=3, vocab=config.vocab_size), [3, 1],
+                         row_len=48, masks_per_row=8)
+
+    def loss_and_grads() -> list[torch.Tensor]:
+        model.zero_grad()
+        loss = model(**batch.inputs()).loss
+        loss.backward()
+        return [loss.detach(), *(p.grad for p in model.parameters())]
+
+    plain = loss_and_grads()
+    monkeypatch.setattr(backend, "use_triton", lambda x: True)
+    with CustomOps() as ops:
+        fused = loss_and_grads()
+    assert ops.names == {f"bertperf::{op}{end}" for end in ("", "_backward") for op in (
+        "embedding_layer_norm", "layer_norm", "bias_gelu", "cross_entropy_sum")}
+    for name, a, b in zip(["loss", *(n for n, _ in model.named_parameters())], fused, plain):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class CustomOps(TorchDispatchMode):
+    """Records the bertperf custom ops dispatched (`names`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "bertperf":
+            self.names.add(func._schema.name)
+        return func(*args, **(kwargs or {}))
 
 
 # ---- ahead-of-time compilation -----------------------------------------------------------------

@@ -11,15 +11,16 @@ from bertperf.kernels import backend
 
 
 def cross_entropy_sum(logits: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
-    """sum_i weights[i] * cross_entropy(logits[i], labels[i]) as an fp32 0-d tensor. logits
-    [M, V] (any float dtype; a column slice of wider logits is fine), labels [M] (valid ids
-    everywhere, int32 or int64), weights [M] float; a row of weight 0 (a padding slot) adds
-    nothing to the loss or the gradient. CUDA: Triton kernels that read the logits in their own
-    dtype and return the gradient in it (`cross_entropy_sum_triton`); elsewhere ATen's
-    cross_entropy on fp32 logits."""
+    """sum_i weights[i] * cross_entropy(logits[i], labels[i]) as an fp32 0-d tensor (float64
+    for float64 logits off CUDA). logits [M, V] (any float dtype; a column slice of wider logits
+    is fine), labels [M] (valid ids everywhere, int32 or int64), weights [M] float; a row of
+    weight 0 (a padding slot) adds nothing to the loss or the gradient. CUDA: Triton kernels that
+    read the logits in their own dtype and return the gradient in it
+    (`cross_entropy_sum_triton`); elsewhere ATen's cross_entropy on fp32 (or float64) logits."""
     if backend.use_triton(logits):
         return cross_entropy_sum_triton(logits, labels, weights)[0]
-    ce = F.cross_entropy(logits.float(), labels.long(), reduction="none")
+    wide = logits if logits.dtype == torch.float64 else logits.float()
+    ce = F.cross_entropy(wide, labels.long(), reduction="none")
     return torch.where(weights != 0, ce * weights, 0.0).sum()
 
 

@@ -19,7 +19,8 @@ def embedding_layer_norm(input_ids: Tensor, segment_ids: Tensor, position_ids: T
     [*ids.shape, hidden] in the activation dtype (autocast's when on, else the tables'). p = 0
     means no dropout. CUDA: one Triton kernel each way (`embedding_layer_norm_triton`: the
     dropout is fused, its keep mask drawn from a seed; the table gradients are scatter-added);
-    elsewhere ATen's embedding, layer_norm and dropout."""
+    elsewhere ATen's embedding, layer_norm and dropout, each lookup cast to the activation dtype
+    at once (under autocast the sum is not an fp32 activation)."""
     dtype = backend.activation_dtype(word)
     if backend.use_triton(word):
         seed = new_seed(word.device) if p > 0 else None
@@ -27,10 +28,10 @@ def embedding_layer_norm(input_ids: Tensor, segment_ids: Tensor, position_ids: T
                                           position_ids.reshape(-1), word, position, token_type,
                                           weight, bias, seed, p, eps, dtype)
         return out.view(*input_ids.shape, word.shape[1])
-    h = F.embedding(input_ids, word) + F.embedding(position_ids, position) \
-        + F.embedding(segment_ids, token_type)
-    out = F.layer_norm(h, (h.shape[-1],), weight, bias, eps)
-    return (F.dropout(out, p, training=True) if p > 0 else out).to(dtype)
+    h = (F.embedding(input_ids, word).to(dtype) + F.embedding(position_ids, position).to(dtype)
+         + F.embedding(segment_ids, token_type).to(dtype))
+    out = F.layer_norm(h, (h.shape[-1],), weight, bias, eps).to(dtype)
+    return F.dropout(out, p, training=True) if p > 0 else out
 
 
 def embedding_layer_norm_reference(input_ids: Tensor, segment_ids: Tensor, position_ids: Tensor,

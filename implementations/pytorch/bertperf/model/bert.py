@@ -5,9 +5,9 @@ attention never crosses them; position ids restart at every sequence), the MLM h
 masked tokens (NVIDIA's dense_seq_output), the NSP head on each sequence's first token. A packed
 batch is the same with its rows flattened: padding tails are segments of their own and padding
 slots of the MLM and NSP heads weigh 0 in the loss. The loss is computed here, once
-(pretraining_output), in float32 or wider; forward_loss is a training micro-step's forward and
-loss, the part torch.compile compiles (compiled_forward_loss). The model is written for one
-device; parallelism is applied around it.
+(pretraining_output), in float32 or wider, the MLM loss with kernels.cross_entropy_sum;
+forward_loss is a training micro-step's forward and loss, the part torch.compile compiles
+(compiled_forward_loss). The model is written for one device; parallelism is applied around it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertperf.kernels import cross_entropy_sum
 from bertperf.model.bert_config import BertConfig
 from bertperf.model.layers import BertEmbeddings, BertEncoder, BertPooler, BertPreTrainingHeads
 
@@ -43,7 +44,8 @@ class PreTrainingOutput:
 
 def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
                          weights: torch.Tensor | None) -> torch.Tensor:
-    """sum_i weights_i * CE(logits_i, labels_i), in float32 for lower-precision logits."""
+    """sum_i weights_i * CE(logits_i, labels_i), in float32 for lower-precision logits: ATen's
+    cross-entropy (the NSP loss, and the padded reference's MLM loss)."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if weights is None:
@@ -51,20 +53,33 @@ def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
     return (F.cross_entropy(logits, labels.long(), reduction="none") * weights).sum()
 
 
+def masked_lm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                            weights: torch.Tensor | None) -> torch.Tensor:
+    """summed_cross_entropy over the vocabulary with kernels.cross_entropy_sum: on CUDA it reads
+    the (bf16) logits in their own dtype, with no float32 copy of them. weights None: all
+    count."""
+    if weights is None:
+        weights = logits.new_ones(logits.shape[0], dtype=torch.float32)
+    return cross_entropy_sum(logits, labels, weights)
+
+
 def pretraining_output(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
                        masked_lm_ids: torch.Tensor | None,
                        next_sentence_labels: torch.Tensor | None,
                        masked_lm_weights: torch.Tensor | None = None,
                        next_sentence_weights: torch.Tensor | None = None,
-                       loss_divisors: torch.Tensor | None = None) -> PreTrainingOutput:
+                       loss_divisors: torch.Tensor | None = None,
+                       mlm_cross_entropy: Callable[..., torch.Tensor] = masked_lm_cross_entropy,
+                       ) -> PreTrainingOutput:
     """The output with losses when both label tensors are given (shared with the padded
-    reference, so both define the loss identically). Weights: 0 for padding slots (None: all
-    count). loss_divisors: [2] (masked tokens, sequences) to divide the summed cross-entropies
-    by (in the losses' dtype: float32, or float64 for a float64 model); None: the batch's own
-    counts (weight sums), i.e. means."""
+    reference, so both define the loss identically; the reference passes
+    mlm_cross_entropy=summed_cross_entropy). Weights: 0 for padding slots (None: all count).
+    loss_divisors: [2] (masked tokens, sequences) to divide the summed cross-entropies by (in
+    the losses' dtype: float32, or float64 for a float64 model); None: the batch's own counts
+    (weight sums), i.e. means."""
     if masked_lm_ids is None or next_sentence_labels is None:
         return PreTrainingOutput(mlm_logits, nsp_logits)
-    mlm = summed_cross_entropy(mlm_logits, masked_lm_ids, masked_lm_weights)
+    mlm = mlm_cross_entropy(mlm_logits, masked_lm_ids, masked_lm_weights)
     nsp = summed_cross_entropy(nsp_logits, next_sentence_labels, next_sentence_weights)
     if loss_divisors is None:
         loss_divisors = torch.stack([

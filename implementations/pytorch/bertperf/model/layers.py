@@ -7,6 +7,11 @@ one-to-one, bertperf.model.hf), but for query, key and value: one parameter pair
 them as HF's `query`, `key` and `value` tensors (split on save, concatenated on load), and they
 are marked `lamb_row_blocks = 3`, so LAMB takes their norms and trust ratio per q/k/v block as
 the TF reference, which has separate variables, does.
+
+Each layer calls one fused op of bertperf.kernels after its GEMM (Triton kernels on CUDA, plain
+PyTorch elsewhere): embedding_layer_norm (lookups, sum, LayerNorm, dropout), dropout_add_layer_norm
+with the dense bias (the end of each sub-layer), bias_gelu (the feed-forward) and
+bias_gelu_layer_norm (the MLM head's transform).
 """
 
 from __future__ import annotations
@@ -15,38 +20,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertperf.kernels import bias_gelu, dropout_add_layer_norm, varlen_attention
+from bertperf.kernels import (bias_gelu, bias_gelu_layer_norm, dropout_add_layer_norm,
+                              embedding_layer_norm, varlen_attention)
 from bertperf.model.bert_config import BertConfig
 
 
-def activation_dtype(weight: torch.Tensor) -> torch.dtype:
-    """The dtype activations are kept in: autocast's when it is on for the weight's device,
-    else the weight's own."""
-    device = weight.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-
-
 class BertEmbeddings(nn.Module):
-    """word + position + segment embeddings, LayerNorm, dropout. Under autocast each lookup
-    from the fp32 tables is cast to autocast's dtype at once, so the sum, the LayerNorm and the
-    residual stream after it are in that dtype (the tables' gradients still accumulate in
-    fp32)."""
+    """word + position + segment embeddings, LayerNorm, dropout, in one op
+    (kernels.embedding_layer_norm). Under autocast its output, and so the residual stream, is in
+    autocast's dtype (the tables' gradients still accumulate in fp32)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        self.dropout_prob = config.hidden_dropout_prob
         self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
                 position_ids: torch.Tensor) -> torch.Tensor:
-        dtype = activation_dtype(self.word_embeddings.weight)
-        h = (self.word_embeddings(input_ids).to(dtype)
-             + self.position_embeddings(position_ids).to(dtype)
-             + self.token_type_embeddings(segment_ids).to(dtype))
-        return self.dropout(self.LayerNorm(h).to(dtype))
+        return embedding_layer_norm(input_ids, segment_ids, position_ids,
+                                    self.word_embeddings.weight, self.position_embeddings.weight,
+                                    self.token_type_embeddings.weight, self.LayerNorm.weight,
+                                    self.LayerNorm.bias, self.LayerNorm.eps,
+                                    self.dropout_prob if self.training else 0.0)
 
 
 PROJECTIONS = ("query", "key", "value")
@@ -96,7 +94,8 @@ def _fuse_qkv(module: BertSelfAttention, state_dict: dict, prefix: str, *args) -
 
 class BertSelfOutput(nn.Module):
     """Output projection, dropout, residual add, LayerNorm; also BERT's BertOutput (the FFN's
-    second GEMM), which differs only in the input width."""
+    second GEMM), which differs only in the input width. The GEMM runs without its bias, which
+    kernels.dropout_add_layer_norm adds with the dropout, residual and LayerNorm."""
 
     def __init__(self, config: BertConfig, in_features: int):
         super().__init__()
@@ -106,8 +105,9 @@ class BertSelfOutput(nn.Module):
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         p = self.dropout_prob if self.training else 0.0
-        return dropout_add_layer_norm(self.dense(h), residual, self.LayerNorm.weight,
-                                      self.LayerNorm.bias, p, self.LayerNorm.eps)
+        return dropout_add_layer_norm(F.linear(h, self.dense.weight), residual,
+                                      self.LayerNorm.weight, self.LayerNorm.bias, p,
+                                      self.LayerNorm.eps, dense_bias=self.dense.bias)
 
 
 class BertAttention(nn.Module):
@@ -169,7 +169,8 @@ class BertPooler(nn.Module):
 
 
 class BertPredictionHeadTransform(nn.Module):
-    """The MLM head before the decoder: dense, GeLU, LayerNorm."""
+    """The MLM head before the decoder: dense, GeLU, LayerNorm (the GEMM without its bias, then
+    kernels.bias_gelu_layer_norm)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -177,7 +178,8 @@ class BertPredictionHeadTransform(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(bias_gelu(F.linear(x, self.dense.weight), self.dense.bias))
+        return bias_gelu_layer_norm(F.linear(x, self.dense.weight), self.dense.bias,
+                                    self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
 
 
 class BertLMPredictionHead(nn.Module):

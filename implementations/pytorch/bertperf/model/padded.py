@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bertperf.model.bert import BertForPreTraining, PreTrainingOutput, pretraining_output
+from bertperf.model.bert import (BertForPreTraining, PreTrainingOutput, pretraining_output,
+                                 summed_cross_entropy)
 from bertperf.model.layers import BertLayer
 
 
@@ -69,4 +70,5 @@ class PaddedBertForPreTraining(BertForPreTraining):
         pooled = torch.tanh(self.bert.pooler.dense(h[:, 0]))
         nsp_logits = self.cls.seq_relationship(pooled)
         labels = None if masked_lm_ids is None else masked_lm_ids[real]
-        return pretraining_output(mlm_logits, nsp_logits, labels, next_sentence_labels)
+        return pretraining_output(mlm_logits, nsp_logits, labels, next_sentence_labels,
+                                  mlm_cross_entropy=summed_cross_entropy)
