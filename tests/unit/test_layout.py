@@ -18,8 +18,8 @@ PACKAGE = Path(bertperf.__file__).parent
 FLOORS = {  # room -> floor; a room imports only rooms on lower floors (and itself)
     "errors": 1, "benchmark": 1, "commands": 1,
     "config": 2, "formats": 2,
-    "resources": 3, "data": 3, "kernels": 3, "optim": 3,
-    "model": 4, "prep": 4,
+    "resources": 3, "data": 3, "kernels": 3,
+    "model": 4, "optim": 4, "prep": 4,
     "mlperf": 5,
     "train": 6, "bench": 6,
     "__main__": 7,

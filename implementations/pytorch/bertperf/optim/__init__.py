@@ -6,6 +6,9 @@ Modules, each usable on its own:
   lamb.Lamb                       LAMB exactly as the MLPerf TF reference (`lamb_optimizer_v1.py`)
                                   and NVIDIA's apex FusedLAMB / DistributedFusedLAMB compute it,
                                   written with torch._foreach_* (no Python loop over parameters)
+  flat_lamb.FlatLamb              the same LAMB over one flat fp32 buffer (parameters, grads and
+                                  moments views of flat buffers; bertperf.kernels.lamb_step: three
+                                  Triton launches on CUDA), as apex's DistributedFusedLAMB
   groups.param_groups(model, wd)  two groups: decayed + layer-adapted, and bias/LayerNorm (neither)
   schedule.LinearWarmupPolyDecay  NVIDIA's LinearWarmupPolyDecayScheduler (start_warmup_step offset
                                   semantics included), LRs as device tensors; schedule.lr_at is
@@ -15,7 +18,8 @@ Modules, each usable on its own:
   clip.DynamicLossScaler          fp16 loss scaling (init 2**20, x2 every 2000 good steps, /2 on overflow)
   clip.clipped_step               unscale -> norm -> clip -> step, or skip on a non-finite norm,
                                   decided on the device (no host sync)
-  factory.make_optimizer          "lamb" -> Lamb; "adamw" -> torch.optim.AdamW (fused on CUDA)
+  factory.make_optimizer          "lamb" -> Lamb; "flat_lamb" -> FlatLamb; "adamw" ->
+                                  torch.optim.AdamW (fused on CUDA)
   factory.mlperf_hparams          the optimizer-related MLPerf log keys with their values
 
 Typical step (gradient accumulation is the trainer's, train/loop.py: it backpropagates GA
@@ -35,6 +39,7 @@ once):
 
 from bertperf.optim.clip import DynamicLossScaler, StepOutcome, clip_grad_norm_, clipped_step, global_grad_norm
 from bertperf.optim.factory import make_optimizer, mlperf_hparams
+from bertperf.optim.flat_lamb import FlatLamb
 from bertperf.optim.groups import NO_DECAY_PATTERNS, is_no_decay, param_groups
 from bertperf.optim.lamb import Lamb
 from bertperf.optim.schedule import LinearWarmupPolyDecay, lr_at, resolve_warmup, tf_reference_lr_at
@@ -42,6 +47,7 @@ from bertperf.optim.schedule import LinearWarmupPolyDecay, lr_at, resolve_warmup
 __all__ = [
     "NO_DECAY_PATTERNS",
     "DynamicLossScaler",
+    "FlatLamb",
     "Lamb",
     "LinearWarmupPolyDecay",
     "StepOutcome",

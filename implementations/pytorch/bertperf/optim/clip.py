@@ -11,7 +11,9 @@ torch.nn.utils.clip_grad_norm_'s formula. (TF's tf.clip_by_global_norm, used by 
 reference, computes `clip_norm / max(n, clip_norm)`, i.e. without the 1e-6; apex FusedLAMB divides
 by n / max_norm when n > max_norm. The differences are ~1e-6 relative and only when clipping.)
 The norm is computed with torch._foreach_norm (one multi-tensor launch per device/dtype) and the
-scaling with torch._foreach_mul_; nothing syncs with the host.
+scaling with torch._foreach_mul_; nothing syncs with the host. With bertperf.optim.FlatLamb every
+gradient is a view of one flat buffer, and clipped_step's unscale, norm, clip and non-finite
+cleanup are one op each on that buffer.
 
 Order: the MLPerf TF reference clips per replica BEFORE the gradient all-reduce (unless
 --clip_by_global_norm_after_gradient_allreduce); NVIDIA does the same by default and clips after
@@ -69,6 +71,8 @@ def global_grad_norm(grads: Sequence[Tensor]) -> Tensor:
     if not grads:
         return torch.zeros((), dtype=torch.float32)
     low = all(g.dtype in (torch.float32, torch.float16, torch.bfloat16) for g in grads)
+    if len(grads) == 1:  # a flat gradient buffer (FlatLamb): one reduction
+        return torch.linalg.vector_norm(grads[0], dtype=torch.float32 if low else None)
     per_tensor = torch._foreach_norm(list(grads), 2, dtype=torch.float32 if low else None)
     device = grads[0].device
     if any(n.device != device for n in per_tensor):
@@ -162,6 +166,14 @@ class DynamicLossScaler:
         self.skipped_steps.fill_(int(state["skipped_steps"]))
 
 
+def step_grads(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The gradients an optimizer step reads: its one flat gradient buffer when it has one
+    (`flat_grads()`, every .grad a view of it), else every parameter's .grad."""
+    if hasattr(optimizer, "flat_grads"):
+        return [optimizer.flat_grads()]
+    return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     """What clipped_step did, as device tensors (read them only when reporting): the global grad
@@ -180,8 +192,10 @@ def clipped_step(
 ) -> StepOutcome:
     """Unscale (fp16), compute the global norm, clip, and step, or skip on a non-finite norm,
     decided on the device (module docstring): no host sync. `optimizer.step` must take `ok`
-    (bertperf.optim.Lamb); the caller passes outcome.ok on to the scheduler."""
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    (bertperf.optim.Lamb); the caller passes outcome.ok on to the scheduler. An optimizer with a
+    flat gradient buffer (bertperf.optim.FlatLamb.flat_grads) has it unscaled, measured, clipped
+    and cleaned as one tensor; otherwise every parameter's .grad is, with foreach ops."""
+    grads = step_grads(optimizer)
     if scaler is not None:
         scaler.unscale_(grads)
     norm = global_grad_norm(grads)

@@ -1,6 +1,8 @@
 """Build the optimizer by name, and list its MLPerf log keys.
 
 "lamb"  -> bertperf.optim.lamb.Lamb (the closed-division optimizer).
+"flat_lamb" -> bertperf.optim.flat_lamb.FlatLamb: the same LAMB over one flat fp32 buffer (the
+           parameters become views of it), stepped by bertperf.kernels.lamb_step.
 "adamw" -> torch.optim.AdamW, fused=True when every parameter is on CUDA, foreach=True
            otherwise. Note torch's AdamW is not the TF reference's AdamWeightDecayOptimizer:
            torch applies bias correction (TF's does not) and decays as p *= 1 - lr*wd before the
@@ -20,9 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bertperf.optim.flat_lamb import FlatLamb
 from bertperf.optim.lamb import Lamb
 
-OPTIMIZERS = ("lamb", "adamw")
+OPTIMIZERS = ("lamb", "flat_lamb", "adamw")
 
 
 def _all_params(params: list[Any]) -> list[Tensor]:
@@ -46,15 +49,17 @@ def make_optimizer(
     weight_decay: float = 0.0,
     **extra: Any,
 ) -> torch.optim.Optimizer:
-    """The optimizer `name` ("lamb" or "adamw") over `params` with these hyper-parameters.
+    """The optimizer `name` ("lamb", "flat_lamb" or "adamw") over `params` with these
+    hyper-parameters.
 
-    `extra` goes to the constructor (Lamb: bias_correction, grad_averaging, layer_adaptation;
-    AdamW: e.g. fused/foreach to override the default choice).
+    `extra` goes to the constructor (Lamb, FlatLamb: bias_correction, grad_averaging,
+    layer_adaptation; AdamW: e.g. fused/foreach to override the default choice).
     """
     key = name.strip().lower()
     params = list(params)
-    if key == "lamb":
-        return Lamb(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra)
+    if key in ("lamb", "flat_lamb"):
+        cls = FlatLamb if key == "flat_lamb" else Lamb
+        return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra)
     if key == "adamw":
         tensors = _all_params(params)
         if "fused" not in extra and "foreach" not in extra:

@@ -146,11 +146,9 @@ class LinearWarmupPolyDecay:
         self.end_lr = end_lr
         self.power = power
         self.base_lrs = [float(g.setdefault("initial_lr", g["lr"])) for g in optimizer.param_groups]
-        device = optimizer.param_groups[0]["params"][0].device
-        self.completed = torch.zeros((), dtype=torch.float64, device=device)
-        for group in optimizer.param_groups:
-            group["lr"] = torch.zeros((), dtype=torch.float64, device=device)
-        self._write()
+        self.device = optimizer.param_groups[0]["params"][0].device
+        self.completed = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._install()
 
     def lr_tensor(self, step: torch.Tensor, base_lr: float) -> torch.Tensor:
         """lr_at(step, base_lr, ...) with `step` a float64 tensor (device ops only)."""
@@ -160,6 +158,12 @@ class LinearWarmupPolyDecay:
         progress = torch.clamp((step - offset) / self.total_steps, max=1.0)
         decay = (base_lr - self.end_lr) * (1.0 - progress) ** self.power + self.end_lr
         return torch.where(mod_step < self.warmup_steps, warm, decay)
+
+    def _install(self) -> None:
+        """Give every group an LR tensor of its own on the device, and write the LRs."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._write()
 
     def _write(self) -> None:
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
@@ -180,9 +184,12 @@ class LinearWarmupPolyDecay:
         return {"completed": self.last_epoch, "base_lrs": list(self.base_lrs)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state_dict(). After the optimizer's own load_state_dict, whose groups hold the
+        checkpoint's LR tensors (on the CPU: written there, every step would wait for the
+        device), so the groups get device tensors again."""
         self.base_lrs = [float(x) for x in state["base_lrs"]]
         self.completed.fill_(int(state["completed"]))
-        self._write()
+        self._install()
 
     def mlperf_hparams(self) -> dict[str, Any]:
         """The schedule's MLPerf log keys (NVIDIA logs num_warmup_updates for both warm-up keys)."""

@@ -1,0 +1,188 @@
+"""LAMB over one flat fp32 buffer: bertperf.optim.lamb.Lamb's step in a few kernel launches.
+
+What NVIDIA's apex optimizers do (FusedLAMB's multi-tensor kernels, DistributedFusedLAMB's
+`set_param_views_to_flat_buffer`): when FlatLamb is built, every parameter of its groups is copied
+into one flat fp32 buffer and re-pointed to its slice (`p.data = flat[a:b].view_as(p)`), every
+parameter's .grad becomes a view of one flat gradient buffer (autograd accumulates into it in
+place, micro-batch after micro-batch; DDP, with gradient_as_bucket_view off, copies its reduced
+bucket into it in place), and the moments are two more flat buffers. A step is then one
+bertperf.kernels.lamb_step over the buffers: three Triton launches for all parameters on CUDA,
+the same arithmetic on plain PyTorch elsewhere. Clipping works on the flat gradient buffer too
+(bertperf.optim.clip.clipped_step takes `flat_grads()`), so the step's norm, clip and
+non-finite cleanup are one tensor's ops instead of one per parameter.
+
+The update is Lamb's (its docstring states the formula and sources): weight decay and layer
+adaptation per tensor as its group decides them (Lamb.adapts); a parameter with the attribute
+`lamb_row_blocks = n` (the model's fused [3H, H] Q/K/V weight and its bias) counts as its n
+row blocks, each with its own trust ratio, as the reference's separate q, k and v variables.
+On CPU the step equals Lamb's bit for bit (tests/unit/test_flat_lamb.py); the Triton kernels
+round the norms in another order (within 1e-6). The differences from Lamb:
+
+* The groups share lr, betas, eps, bias_correction and grad_averaging (checked when built; the
+  step takes the first group's lr, which LinearWarmupPolyDecay writes for every group alike) and
+  the step count, which each group keeps as Lamb does (group["step"]).
+* Every parameter takes part in every step: one without a gradient counts as a zero gradient
+  (Lamb leaves it out); in training every parameter has one.
+* zero_grad zeroes the flat gradient buffer in place whatever set_to_none says. A .grad replaced
+  by another tensor or set to None since (by code outside the trainer) is copied back into the
+  buffer (None: zeros) and its view put back before the buffer is used.
+
+state_dict() is Lamb's (per-parameter exp_avg and exp_avg_sq, the groups' step counts), so a
+checkpoint written with either optimizer loads into the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bertperf.kernels.lamb import LambLayout, lamb_step
+from bertperf.optim.lamb import Lamb, _row_blocks
+
+SHARED = ("lr", "betas", "eps", "bias_correction", "grad_averaging")
+"""Hyper-parameters every group of a FlatLamb must share (one lamb_step for all)."""
+
+
+def flat_layout(groups: list[dict[str, Any]], device: torch.device) -> LambLayout:
+    """The LambLayout of the groups' parameters in order: one tensor per row block (as Lamb
+    splits a parameter marked `lamb_row_blocks`), with its group's weight decay and layer
+    adaptation."""
+    numels, decays, adapts = [], [], []
+    for group in groups:
+        for p in group["params"]:
+            blocks = [b.numel() for b in _row_blocks(p, getattr(p, "lamb_row_blocks", 1))]
+            numels += blocks
+            decays += [float(group["weight_decay"])] * len(blocks)
+            adapts += [Lamb.adapts(group)] * len(blocks)
+    return LambLayout(numels, decays, adapts, device)
+
+
+class FlatLamb(Lamb):
+    """Lamb over flat fp32 buffers (module docstring). Arguments as Lamb's (ratios_on_host has
+    no meaning here); the parameters must be fp32 tensors on one device, and must not be moved
+    or re-created afterwards (they are views of this optimizer's buffer)."""
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        *,
+        bias_correction: bool = True,
+        grad_averaging: bool = True,
+        layer_adaptation: bool | None = None,
+    ) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         bias_correction=bias_correction, grad_averaging=grad_averaging,
+                         layer_adaptation=layer_adaptation)
+        self._params = [p for group in self.param_groups for p in group["params"]]
+        self._check_groups()
+        self._device = self._params[0].device
+        self._layout = flat_layout(self.param_groups, self._device)
+        self._weights = self._flatten_weights()
+        self._grads = torch.zeros_like(self._weights)
+        self._grad_views = self._views(self._grads)
+        self._exp_avg = torch.zeros_like(self._weights)
+        self._exp_avg_sq = torch.zeros_like(self._weights)
+        for p, m, v in zip(self._params, self._views(self._exp_avg),
+                           self._views(self._exp_avg_sq)):
+            self.state[p] = {"exp_avg": m, "exp_avg_sq": v}
+        self._reattach(keep=True)
+
+    def _check_groups(self) -> None:
+        """One lamb_step for all: fp32 dense parameters on one device, shared hyper-parameters."""
+        if not self._params:
+            raise ValueError("FlatLamb: no parameters")
+        for p in self._params:
+            if p.dtype != torch.float32 or p.device != self._params[0].device or p.is_sparse:
+                raise ValueError(f"FlatLamb: parameters must be dense fp32 tensors on one "
+                                 f"device; got {p.dtype} on {p.device}")
+        first = self.param_groups[0]
+        for key in SHARED:
+            value = [float(g[key]) if isinstance(g[key], Tensor) else g[key]
+                     for g in (first, *self.param_groups)]
+            if any(v != value[0] for v in value[1:]):
+                raise ValueError(f"FlatLamb: every group must have the same {key}")
+
+    def _views(self, flat: Tensor) -> list[Tensor]:
+        """Each parameter's slice of a flat buffer, shaped as the parameter."""
+        out, start = [], 0
+        for p in self._params:
+            out.append(flat[start:start + p.numel()].view_as(p))
+            start += p.numel()
+        return out
+
+    def _flatten_weights(self) -> Tensor:
+        """The flat weight buffer, the parameters' values copied in and re-pointed to it."""
+        flat = torch.empty(self._layout.numel, dtype=torch.float32, device=self._device)
+        for p, view in zip(self._params, self._views(flat)):
+            view.copy_(p.detach())
+            p.data = view
+        return flat
+
+    def _reattach(self, keep: bool) -> None:
+        """Make every parameter's .grad its view of the flat gradient buffer again where it is
+        not (set to None, or replaced by a new tensor): with `keep`, the values it holds are
+        copied into the buffer (None: zeros). Identity checks only, on the host."""
+        for p, view in zip(self._params, self._grad_views):
+            if p.grad is view:
+                continue
+            if keep and p.grad is None:
+                view.zero_()
+            elif keep:
+                view.copy_(p.grad)
+            p.grad = view
+
+    def flat_grads(self) -> Tensor:
+        """The flat fp32 gradient buffer, every parameter's .grad a view of it (re-attached
+        where something replaced it), in the parameters' order."""
+        self._reattach(keep=True)
+        return self._grads
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the flat gradient buffer in place (set_to_none is ignored: the parameters'
+        .grad stay its views, for autograd to accumulate into)."""
+        self._grads.zero_()
+        self._reattach(keep=False)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None, *,  # type: ignore[override]
+             ok: Tensor | None = None) -> float | None:
+        """One LAMB update of every parameter (Lamb.step; ok: a 0-d bool tensor on the
+        parameters' device, False for a step skipped on the device)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        counts = [self.step_count(g, self._device) for g in self.param_groups if g["params"]]
+        for t in counts:
+            t.add_(1 if ok is None else ok.to(t.dtype))
+        first = self.param_groups[0]
+        lamb_step(self._layout, self._weights, self.flat_grads(), self._exp_avg,
+                  self._exp_avg_sq, lr=first["lr"], betas=first["betas"], eps=first["eps"],
+                  step=counts[0], ok=ok, bias_correction=first["bias_correction"],
+                  grad_averaging=first["grad_averaging"])
+        return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load Lamb's or FlatLamb's state_dict: the moments are copied into the flat buffers
+        (zeros for a parameter without state: Lamb makes them at its first step), the step
+        counts checked to agree."""
+        super().load_state_dict(state_dict)
+        for p, m, v in zip(self._params, self._views(self._exp_avg),
+                           self._views(self._exp_avg_sq)):
+            loaded = self.state[p]
+            for key, view in (("exp_avg", m), ("exp_avg_sq", v)):
+                if key in loaded:
+                    view.copy_(loaded[key])
+                else:
+                    view.zero_()
+            self.state[p] = {"exp_avg": m, "exp_avg_sq": v}
+        counts = {float(g.get("step", 0.0)) for g in self.param_groups if g["params"]}
+        if len(counts) > 1:
+            raise ValueError(f"FlatLamb: the groups' step counts differ ({sorted(counts)})")
