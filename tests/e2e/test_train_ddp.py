@@ -1,7 +1,7 @@
 """Data parallel training through torch.distributed (gloo on CPU): a 2-rank run equals a 1-rank
 run over the same global batch, whichever launcher started the ranks (torchrun, `bertperf launch`,
 plain RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as Slurm's srun scripts set them, or OpenMPI's
-mpirun).
+mpirun), and with FLAT_LAMB=1 (DDP reducing into FlatLamb's flat gradient buffer) too.
 
 The training data is the copy task of tests/unit/test_train.py with 1 to 4 masked tokens per
 sample (unequal counts per rank and per micro-batch), so the test also checks the loss
@@ -135,9 +135,11 @@ def run_variant(data: dict, tmp: Path, how: str) -> dict:
     elif how == "launch":
         cmds = [([sys.executable, "-m", "bertperf", "launch", "--nproc-per-node", "2", "train"],
                  base_env(data, out, 2))]
-    elif how == "env":  # what an srun script sets: ranks, world size, rendezvous address
+    elif how in ("env", "flat_lamb"):  # what an srun script sets: ranks, world size, rendezvous
+        flat = {"FLAT_LAMB": "1"} if how == "flat_lamb" else {}  # LAMB over one flat buffer
         cmds = [(train, {**base_env(data, out, 2), "RANK": str(r), "WORLD_SIZE": "2",
-                         "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+                         "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                         **flat})
                 for r in range(2)]
     else:  # mpirun: OMPI_COMM_WORLD_* from OpenMPI itself
         env = {**base_env(data, out, 2), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
@@ -166,7 +168,7 @@ def assert_same(a: dict, b: dict) -> None:
     print(f"max |param difference| {worst:.3g}; eval accuracies {a['acc']}")
 
 
-@pytest.mark.parametrize("how", ["torchrun", "launch", "env", "mpirun"])
+@pytest.mark.parametrize("how", ["torchrun", "launch", "env", "mpirun", "flat_lamb"])
 def test_two_ranks_equal_one_rank(data, single, tmp_path, how):
     if how == "mpirun" and shutil.which("mpirun") is None:
         pytest.skip("no mpirun (OpenMPI) installed")

@@ -1,8 +1,8 @@
 """The packed training step on CUDA, what the CPU tests cannot show: no host synchronisation in 12
-steps of the real loop outside its reports (torch.cuda.set_sync_debug_mode("error")), and the
-micro-step compiled with inductor (COMPILE=inductor) and replayed as CUDA graphs
-(USE_CUDA_GRAPH=1) giving the eager step's losses. Same shards and tiny model as
-tests/unit/test_step_audits.py. Skipped without CUDA."""
+steps of the real loop outside its reports (torch.cuda.set_sync_debug_mode("error")), with
+either LAMB (FLAT_LAMB), and the micro-step compiled with inductor (COMPILE=inductor) and
+replayed as CUDA graphs (USE_CUDA_GRAPH=1) giving the eager step's losses. Same shards and tiny
+model as tests/unit/test_step_audits.py. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from tests.unit.test_step_audits import packed_env, tiny_config, trainer_for  # 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def test_no_host_sync_on_cuda(packed_env, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("flat_lamb", ["0", "1"], ids=["lamb", "flat_lamb"])
+def test_no_host_sync_on_cuda(packed_env, tmp_path, monkeypatch, flat_lamb):  # noqa: F811
     from bertperf.train import loop
     trainer = trainer_for(packed_env, tmp_path, DEVICE="cuda", PRECISION="bf16", LOG_FREQ="4",
-                          MAX_STEPS="12")
+                          MAX_STEPS="12", FLAT_LAMB=flat_lamb)
     real_read = loop.Interval.read
 
     def read(self, *args):

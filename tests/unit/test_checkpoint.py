@@ -1,6 +1,7 @@
 """Checkpoints (bertperf.train.checkpoint): a run resumed from step k continues the uninterrupted
 run's loss curve bitwise (tiny model with dropout, GA 2, prefetching loader, evals, an epoch
-boundary), and bad checkpoints are one-line errors naming the file."""
+boundary), also across the two LAMBs (FLAT_LAMB=1 and 0), and bad checkpoints are one-line
+errors naming the file."""
 
 from __future__ import annotations
 
@@ -98,6 +99,42 @@ def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, dat
         assert f"resuming from {source}: step {k}, {k * 8} samples trained" in \
             capsys.readouterr().err
         assert "SUCCESS" in check(tmp_path / out / "log.txt").stderr
+
+
+def test_flat_lamb_trains_and_resumes_as_lamb(tmp_path, monkeypatch, data):
+    """FLAT_LAMB=1 (FlatLamb) against FLAT_LAMB=0 (Lamb, the CPU default) over 6 steps of the
+    real loop (dropout, GA 2, evals): with clipping off, the same losses and final checkpoint
+    bit for bit, and a checkpoint of step 3 written with either resumes with the other, or
+    itself, on that curve bit for bit; with clipping on (the global norm is summed in another
+    order) the losses within 1e-6."""
+    from bertperf.train import loop
+    from bertperf.train.checkpoint import file_name
+    names = []
+    real = loop.make_optimizer
+    monkeypatch.setattr(loop, "make_optimizer", lambda name, *a, **k: names.append(name)
+                        or real(name, *a, **k))
+    steps = 6
+
+    def env(out: str, flat: str, **extra: str) -> dict:
+        return base_env(data, tmp_path / out, FLAT_LAMB=flat, MAX_STEPS=str(steps),
+                        CHECKPOINT_DIR=str(tmp_path / out / "ck"), CHECKPOINT_EVERY="3",
+                        **{"MAX_GRAD_NORM": "0", **extra})
+
+    losses = {flat: run(monkeypatch, env(f"full{flat}", flat)) for flat in "01"}
+    assert names == ["lamb", "flat_lamb"]
+    assert len(losses["0"]) == steps and losses["0"] == losses["1"]
+    final = tensors(tmp_path / "full0" / "ck" / file_name(steps))
+    for out in ("full1", "resume10", "resume01", "resume11"):
+        if out.startswith("resume"):
+            saved, flat = out[-2:]
+            rest = run(monkeypatch, env(out, flat, RESUME_FROM=str(
+                tmp_path / f"full{saved}" / "ck" / file_name(3))))
+            assert rest == losses["0"][3:], out
+        got = tensors(tmp_path / out / "ck" / file_name(steps))
+        assert got.keys() == final.keys() and all(torch.equal(got[k], final[k]) for k in got)
+    clipped = [run(monkeypatch, env(f"clip{flat}", flat, MAX_GRAD_NORM="1")) for flat in "01"]
+    assert clipped[0] != losses["0"]  # clipping changed the curve
+    torch.testing.assert_close(clipped[1], clipped[0], rtol=1e-6, atol=0)
 
 
 def cli(env: dict) -> subprocess.CompletedProcess:

@@ -75,14 +75,19 @@ def data_dependent(func, args, kwargs) -> bool:
     return False
 
 
-def test_no_host_sync_inside_training_steps(packed_env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("flat_lamb", ["0", "1"], ids=["lamb", "flat_lamb"])
+def test_no_host_sync_inside_training_steps(packed_env, tmp_path, monkeypatch, flat_lamb):
     """12 steps of the real loop (run_loop) on packed shards, a report every 4: the only host
     reads are the three reports' (Interval.read); no Tensor.item/tolist/__bool__/__float__/
     __int__/nonzero or torch.nonzero anywhere else, and no op with a data-dependent shape
     (boolean-mask indexing, nonzero, unique, repeat_interleave without output_size) or a scalar
-    read (aten._local_scalar_dense) among the ops the steps dispatch, forward and backward."""
+    read (aten._local_scalar_dense) among the ops the steps dispatch, forward and backward.
+    With either LAMB (FLAT_LAMB)."""
+    from bertperf.optim import FlatLamb
     from bertperf.train import loop
-    trainer = trainer_for(packed_env, tmp_path, LOG_FREQ="4", MAX_STEPS="12")
+    trainer = trainer_for(packed_env, tmp_path, LOG_FREQ="4", MAX_STEPS="12",
+                          FLAT_LAMB=flat_lamb)
+    assert isinstance(trainer.optimizer, FlatLamb) == (flat_lamb == "1")
     reporting, reports, syncs, ops = [False], [], [], []
     real_read = loop.Interval.read
 

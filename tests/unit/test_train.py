@@ -125,6 +125,7 @@ def test_reference_eval_interval():
     ({"USE_CUDA_GRAPH": "1", "DEVICE": "cpu"}, "USE_CUDA_GRAPH=1 needs a CUDA device"),
     ({"USE_CUDA_GRAPH": "1", "COMPILE": "eager"}, "cannot go with it"),
     ({"MASKED_LM_PROB": "0"}, "MASKED_LM_PROB must be in"),
+    ({"FLAT_LAMB": "maybe"}, "FLAT_LAMB='maybe' is not a valid auto or yes/no value"),
 ])
 def test_config_errors_are_one_line(tmp_path, change, message):
     from bertperf.config import load
@@ -132,6 +133,21 @@ def test_config_errors_are_one_line(tmp_path, change, message):
     with pytest.raises(UserError, match=message) as err:
         load(env_for(tmp_path, **change))
     assert "\n" not in str(err.value)
+
+
+def test_flat_lamb_setting(tmp_path, monkeypatch):
+    """FLAT_LAMB: auto (the default) takes FlatLamb where the kernels take their Triton path
+    (CUDA tensors, Triton installed: not these CPU ones); 1 and 0 decide."""
+    from bertperf.config import load
+    from bertperf.kernels import backend
+    from bertperf.train.loop import flat_lamb
+    env, model = env_for(tmp_path), torch.nn.Linear(2, 2)
+    assert load(env).optim.flat_lamb is None
+    assert [flat_lamb(load({**env, "FLAT_LAMB": v}), model) for v in ("auto", "1", "0")] == \
+        [False, True, False]
+    monkeypatch.setattr(backend, "use_triton", lambda x: True)
+    assert [flat_lamb(load({**env, "FLAT_LAMB": v}), model) for v in ("auto", "1", "0")] == \
+        [True, True, False]
 
 
 @pytest.mark.parametrize("change, message", [

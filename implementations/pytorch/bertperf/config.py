@@ -60,6 +60,14 @@ def yes_no(text: str) -> bool:
 yes_no.what = "yes/no value (1/0, true/false, yes/no, on/off)"
 
 
+def auto_yes_no(text: str) -> bool | None:
+    """"auto" (None: the trainer decides) or a yes/no value."""
+    return None if text.strip().lower() == "auto" else yes_no(text)
+
+
+auto_yes_no.what = "auto or yes/no value (1/0, true/false, yes/no, on/off)"
+
+
 def _var(env: str, conv: Callable[[str], Any], default: Any = None) -> Any:
     return field(default=default, metadata={"env": env, "conv": conv})
 
@@ -141,6 +149,12 @@ class OptimConfig:
     """Global gradient-norm clip before each step (0 = no clipping)."""
     init_loss_scale: float = _var("INIT_LOSS_SCALE", float, 2.0 ** 20)
     """fp16 only: the dynamic loss scale's initial value."""
+    flat_lamb: bool | None = _var("FLAT_LAMB", auto_yes_no)
+    """1: LAMB over one flat fp32 buffer of all parameters, gradients and moments (FlatLamb:
+    three Triton launches a step on CUDA, plain PyTorch elsewhere; clipping on the one gradient
+    buffer); 0: LAMB with foreach ops over the parameters (Lamb); auto (default): 1 on CUDA with
+    Triton installed, else 0. The same LAMB either way, and checkpoints of one resume with the
+    other."""
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from bertperf.data.loader import ShardLoader
 from bertperf.errors import UserError
 from bertperf.formats.packed import packed_meta
 from bertperf.formats.samples import Samples
+from bertperf.kernels import backend
 from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
 from bertperf.model import (BatchCounts, BertForPreTraining, PackedBatch, UnpaddedBatch,
@@ -116,6 +117,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def flat_lamb(cfg: RunConfig, model: torch.nn.Module) -> bool:
+    """Whether LAMB runs over one flat buffer (FlatLamb): FLAT_LAMB, or when it is auto, whether
+    the kernels take their Triton path for the model's parameters (CUDA, Triton installed)."""
+    if cfg.optim.flat_lamb is not None:
+        return cfg.optim.flat_lamb
+    return backend.use_triton(next(model.parameters()))
+
+
 def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     """Build the run (between init_start and init_stop)."""
     device = pick_device(cfg)
@@ -128,11 +137,14 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     core = BertForPreTraining(check_run(cfg)).to(device)
     if cfg.model.init_checkpoint is not None:
         warmstart.load_weights(core, cfg.model.init_checkpoint)
+    opt = cfg.optim
+    optimizer = make_optimizer("flat_lamb" if flat_lamb(cfg, core) else "lamb",
+                               param_groups(core, opt.weight_decay), lr=opt.lr,
+                               betas=(opt.beta1, opt.beta2), eps=opt.epsilon)
+    # after FlatLamb made the parameters views of its buffer; gradient_as_bucket_view stays off,
+    # so DDP copies each reduced bucket into the .grad views in place
     model = DistributedDataParallel(core, device_ids=[device] if device.type == "cuda" else None) \
         if dist.active else core
-    opt = cfg.optim
-    optimizer = make_optimizer("lamb", param_groups(core, opt.weight_decay), lr=opt.lr,
-                               betas=(opt.beta1, opt.beta2), eps=opt.epsilon)
     warmup, start = resolve_warmup(opt.warmup_steps, opt.start_warmup_step, opt.max_steps,
                                    opt.warmup_proportion)
     scheduler = LinearWarmupPolyDecay(optimizer, warmup, opt.max_steps, start)
