@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_demo import prepare_demo
 from tests.e2e.test_launch import CONFIG, ROOT
 from tests.e2e.test_train_compliance import PYTHONPATH, events
 from tests.unit.test_scripts import LAUNCH_VARS, config_env
@@ -24,23 +25,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
-    from bertperf.errors import UserError
-    from bertperf.resources import find_vocab
-    try:
-        vocab = find_vocab()
-    except UserError as exc:
-        pytest.skip(f"MLPerf vocab not found ({exc}); `make demo` installs it")
     out = tmp_path_factory.mktemp("convergence") / "demo"
-    env = {**os.environ, "OUT_DIR": str(out), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH,
-           "VOCAB": str(vocab)}
-    prep = subprocess.run(["bash", str(ROOT / "data_prep" / "prepare_demo.sh")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    if prep.returncode != 0 and "cannot fetch dict-foldoc" in prep.stderr:
-        pytest.skip("dict-foldoc is neither installed nor downloadable here (apt-get download)")
-    assert prep.returncode == 0, prep.stderr[-3000:]
+    prepare_demo(out)
     pack = subprocess.run([sys.executable, "-m", "bertperf", "prep", "pack", "--input",
                            str(out / "unpadded"), "--output", str(out / "packed"),
-                           "--max_seq_length", "128"], env=env, capture_output=True, text=True)
+                           "--max_seq_length", "128"],
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH}, capture_output=True,
+                          text=True)
     assert pack.returncode == 0, pack.stderr[-3000:]
     return out
 

@@ -62,24 +62,12 @@ def flat_layout(groups: list[dict[str, Any]], device: torch.device) -> LambLayou
 
 class FlatLamb(Lamb):
     """Lamb over flat fp32 buffers (module docstring). Arguments as Lamb's (ratios_on_host has
-    no meaning here); the parameters must be fp32 tensors on one device, and must not be moved
+    no effect here); the parameters must be fp32 tensors on one device, and must not be moved
     or re-created afterwards (they are views of this optimizer's buffer)."""
 
-    def __init__(
-        self,
-        params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float | Tensor = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
-        weight_decay: float = 0.0,
-        *,
-        bias_correction: bool = True,
-        grad_averaging: bool = True,
-        layer_adaptation: bool | None = None,
-    ) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         bias_correction=bias_correction, grad_averaging=grad_averaging,
-                         layer_adaptation=layer_adaptation)
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]],
+                 **options: Any) -> None:
+        super().__init__(params, **options)
         self._params = [p for group in self.param_groups for p in group["params"]]
         self._check_groups()
         self._device = self._params[0].device
