@@ -20,6 +20,8 @@ Modules, each usable on its own:
                                   decided on the device (no host sync)
   factory.make_optimizer          "lamb" -> Lamb; "flat_lamb" -> FlatLamb; "adamw" ->
                                   torch.optim.AdamW (fused on CUDA)
+  factory.use_flat_lamb           which LAMB a model's parameters take: FlatLamb where the kernels
+                                  take Triton (CUDA, Triton installed), Lamb elsewhere, or as set
   factory.mlperf_hparams          the optimizer-related MLPerf log keys with their values
 
 Typical step (gradient accumulation is the trainer's, train/loop.py: it backpropagates GA
@@ -38,7 +40,7 @@ once):
 """
 
 from bertperf.optim.clip import DynamicLossScaler, StepOutcome, clip_grad_norm_, clipped_step, global_grad_norm
-from bertperf.optim.factory import make_optimizer, mlperf_hparams
+from bertperf.optim.factory import make_optimizer, mlperf_hparams, use_flat_lamb
 from bertperf.optim.flat_lamb import FlatLamb
 from bertperf.optim.groups import NO_DECAY_PATTERNS, is_no_decay, param_groups
 from bertperf.optim.lamb import Lamb
@@ -61,4 +63,5 @@ __all__ = [
     "param_groups",
     "resolve_warmup",
     "tf_reference_lr_at",
+    "use_flat_lamb",
 ]

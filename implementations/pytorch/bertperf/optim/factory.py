@@ -3,6 +3,8 @@
 "lamb"  -> bertperf.optim.lamb.Lamb (the closed-division optimizer).
 "flat_lamb" -> bertperf.optim.flat_lamb.FlatLamb: the same LAMB over one flat fp32 buffer (the
            parameters become views of it), stepped by bertperf.kernels.lamb_step.
+           use_flat_lamb says which of the two LAMBs a model's parameters take (the trainer's
+           FLAT_LAMB rule; `bench train` asks it too).
 "adamw" -> torch.optim.AdamW, fused=True when every parameter is on CUDA, foreach=True
            otherwise. Note torch's AdamW is not the TF reference's AdamWeightDecayOptimizer:
            torch applies bias correction (TF's does not) and decays as p *= 1 - lr*wd before the
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bertperf.kernels import backend
 from bertperf.optim.flat_lamb import FlatLamb
 from bertperf.optim.lamb import Lamb
 
@@ -37,6 +40,16 @@ def _all_params(params: list[Any]) -> list[Tensor]:
         else:
             out.append(item)
     return out
+
+
+def use_flat_lamb(params: Iterable[Tensor], setting: bool | None = None) -> bool:
+    """Whether LAMB over these parameters runs over one flat buffer ("flat_lamb", FlatLamb)
+    rather than per tensor ("lamb", Lamb): `setting` when given (FLAT_LAMB=1/0), else (auto)
+    whether bertperf.kernels takes its Triton path for them (CUDA tensors, Triton installed)."""
+    if setting is not None:
+        return setting
+    first = next(iter(params), None)
+    return first is not None and backend.use_triton(first)
 
 
 def make_optimizer(

@@ -46,13 +46,12 @@ from bertperf.data.loader import ShardLoader
 from bertperf.errors import UserError
 from bertperf.formats.packed import packed_meta
 from bertperf.formats.samples import Samples
-from bertperf.kernels import backend
 from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
 from bertperf.model import (BatchCounts, BertForPreTraining, PackedBatch, UnpaddedBatch,
                             compiled_forward_loss)
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
-                            mlperf_hparams, param_groups, resolve_warmup)
+                            mlperf_hparams, param_groups, resolve_warmup, use_flat_lamb)
 from bertperf.train import checkpoint, preflight, warmstart
 from bertperf.train import dist as distributed
 from bertperf.train.checks import check_run, resolve_layout
@@ -119,10 +118,9 @@ def seed_everything(seed: int) -> None:
 
 def flat_lamb(cfg: RunConfig, model: torch.nn.Module) -> bool:
     """Whether LAMB runs over one flat buffer (FlatLamb): FLAT_LAMB, or when it is auto, whether
-    the kernels take their Triton path for the model's parameters (CUDA, Triton installed)."""
-    if cfg.optim.flat_lamb is not None:
-        return cfg.optim.flat_lamb
-    return backend.use_triton(next(model.parameters()))
+    the kernels take their Triton path for the model's parameters (CUDA, Triton installed;
+    bertperf.optim.use_flat_lamb, which `bench train` asks too)."""
+    return use_flat_lamb(model.parameters(), cfg.optim.flat_lamb)
 
 
 def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
