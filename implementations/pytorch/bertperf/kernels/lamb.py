@@ -43,8 +43,8 @@ class LambLayout:
         self.offsets = torch.tensor(bounds, dtype=torch.int64, device=device)
         self.tensor_chunks = torch.tensor(first, dtype=torch.int32, device=device)
         self.chunk_tensor = torch.repeat_interleave(
-            torch.arange(len(chunks), dtype=torch.int32), torch.tensor(chunks, dtype=torch.int64)
-        ).to(device)
+            torch.arange(len(chunks), dtype=torch.int32), torch.tensor(chunks, dtype=torch.int64),
+            output_size=first[-1]).to(device)  # a static size: built on fake tensors too
         self.weight_decay = torch.tensor(self.weight_decays, dtype=torch.float32, device=device)
         self.adapt = torch.tensor(self.adapts, dtype=torch.int8, device=device)
 
