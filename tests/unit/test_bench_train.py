@@ -96,6 +96,17 @@ def test_cuda_graphs_cut_the_launch_cost_of_the_micro_step_only():
     assert roofline.step_cost(ops, GPU, 2, graphs=True).seconds == pytest.approx(4e-6 + 5e-6)
 
 
+def test_gradient_accumulation_stays_eager_and_unfused():
+    """autograd adds a micro-step's gradients into .grad outside any compiled graph: CUDA
+    graphs do not cut its launches and the elementwise fusion leaves it alone."""
+    ops = [Op("add", phase, "", 1, (access(i, 1),), (access(i + 10, 1),))
+           for i, phase in enumerate(("backward", "accumulate", "accumulate", "optimizer"))]
+    assert roofline.step_cost(ops, GPU, 2, graphs=True).seconds == pytest.approx(
+        2 * (1e-6 + 2 * 5e-6) + 5e-6)
+    assert [op.phase for op in roofline.fuse_elementwise(ops)] == \
+        ["backward", "accumulate", "accumulate", "optimizer"]
+
+
 def test_fusing_a_region_moves_only_what_crosses_its_boundary():
     """add + gelu as one kernel: reads h and the bias, writes g (read by the next matmul); the
     intermediate a is neither written nor read back."""
@@ -189,7 +200,9 @@ def test_trace_finds_the_bertperf_function_forward_and_backward():
 
     trace = roofline.trace(step)
     phases = {op.phase for op in trace.ops}
-    assert phases == {"forward", "backward"} and trace.syncs == 1
+    # the second run (recorded) adds the gradients to the first's: x and b, one kernel each
+    assert phases == {"forward", "backward", "accumulate"} and trace.syncs == 1
+    assert sum(op.phase == "accumulate" for op in trace.ops) == 2
     region = "kernels.bias_gelu.bias_gelu_reference"
     forward = [op for op in trace.ops if op.phase == "forward"]
     assert [op.region for op in forward] == [region] * 6 + ["", ""]  # then sum, backward's seed
@@ -215,6 +228,83 @@ def test_trace_runs_under_fake_tensors_with_cuda_autocast_dtypes():
     assert by_name["addmm"].tensor_cores
     layer_norm = by_name["native_layer_norm"]
     assert layer_norm.writes[0].view[3] == torch.float32
+
+
+def test_launches_outside_aten_are_recorded_by_their_stand_ins():
+    """A Triton launcher called directly (not a custom operator) cannot run on fake tensors:
+    inside triton_stand_ins its module is a stand-in whose launcher records each launch with
+    the tensors it reads and writes; afterwards the real module is back."""
+    import importlib
+
+    import bertperf.kernels.triton as package
+    from bertperf.bench.train import triton_path
+    from bertperf.kernels import LambLayout
+    from bertperf.kernels.lamb import lamb_step
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    name = "bertperf.kernels.triton.lamb"
+    before = sys.modules.get(name), getattr(package, "lamb", None)
+    roofline.launch("nothing", 1.0)  # outside a trace: ignored
+    with FakeTensorMode():
+        layout = LambLayout([3000, 5], [0.01, 0.0], [True, False], "cpu")
+        w, g, m, v = (torch.zeros(3005) for _ in range(4))
+        with triton_path(True), roofline.triton_stand_ins():
+            from bertperf.kernels.triton import lamb as stand_in
+            assert stand_in.step is roofline._lamb_launches
+            trace = roofline.trace(lambda: lamb_step(layout, w, g, m, v, lr=1e-3,
+                                                     betas=(0.9, 0.999), eps=1e-6, step=1))
+    assert (sys.modules.get(name), getattr(package, "lamb", None)) == before
+    kernels = [op for op in trace.ops if op.name.startswith("lamb_")]
+    assert [op.name for op in kernels] == ["lamb_moments", "lamb_ratios", "lamb_apply"]
+    moments, ratios, apply = kernels
+    n = 3005 * 4
+    assert moments.flops == apply.flops == 3005 and ratios.flops == 3  # 2 + 1 chunks of 2,048
+    # moments: reads w, g, m, v (and the layout's tables), writes m, v and 3 chunks' 2 norms
+    assert sum(a.nbytes for a in moments.reads if a.nbytes == n) == 4 * n
+    assert sum(a.nbytes for a in moments.writes) == 2 * n + 3 * 2 * 4
+    assert moments.writes[-1].storage == ratios.reads[1].storage  # the partial norms
+    assert ratios.writes[0].storage == apply.reads[-1].storage  # the trust ratios
+    assert [a.storage for a in apply.writes] == [moments.reads[0].storage]  # w, in place
+    # the stand-in takes the real launcher's arguments (Triton installed: compare them)
+    if importlib.util.find_spec("triton") is not None:
+        import inspect
+
+        real = importlib.import_module(name).step
+        assert inspect.signature(roofline._lamb_launches).parameters.keys() == \
+            inspect.signature(real).parameters.keys()
+
+
+@pytest.mark.parametrize("triton", [False, True], ids=["plain", "triton"])
+def test_the_model_traces_the_trainers_lamb(triton):
+    """The model's trace of the step takes the LAMB the trainer takes with the kernels' Triton
+    path off (Lamb, foreach ops) or on (FlatLamb: its three launches and one norm of the flat
+    gradient buffer), and adds every parameter's gradient into .grad as the trainer's later
+    micro-steps do."""
+    import numpy as np
+    from bertperf.bench import train
+    from bertperf.model import BertForPreTraining
+
+    config = replace(BertConfig.named("tiny"), num_hidden_layers=1)
+    step = train.Step(train.samples_of_lengths(np.array([5, 9])), None)
+    trace, segments, name = train.trace_step(config, step, False, triton)
+    assert name == ("FlatLamb" if triton else "Lamb") and list(segments) == [5, 9]
+    assert trace.syncs == 0
+    params = len(list(BertForPreTraining(config).parameters()))
+    assert sum(op.phase == "accumulate" for op in trace.ops) == params
+    optimizer = [op for op in trace.ops if op.phase == "optimizer"]
+    launches = [op.name for op in optimizer if op.name.startswith("lamb_")]
+    norms = [op for op in optimizer
+             if "norm" in op.name and op.region == "optim.clip.global_grad_norm"]
+    if triton:
+        assert launches == ["lamb_moments", "lamb_ratios", "lamb_apply"]
+        assert [op.name for op in norms] == ["linalg_vector_norm"]
+        assert not any(op.name.startswith("_foreach_") and op.region.startswith("optim.lamb")
+                       for op in optimizer)
+    else:
+        assert launches == []
+        assert any(op.name.startswith("_foreach_") and op.region.startswith("optim.lamb")
+                   for op in optimizer)
+        assert norms[0].name.startswith("_foreach_norm")
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------
@@ -274,6 +364,50 @@ def test_rows_train_on_the_same_sequences(tmp_path, packed):
                                            atol=1e-5)
 
 
+def test_rows_take_the_trainers_lamb(tmp_path, monkeypatch):
+    """bertperf's rows build the LAMB the trainer builds for their parameters (FLAT_LAMB=auto,
+    bertperf.optim.use_flat_lamb): FlatLamb where the kernels take their Triton path, so from
+    the fused-kernels switch on (the rows before run with it off), Lamb elsewhere (this CPU);
+    HF rows take Lamb."""
+    from bertperf.bench import train
+    from bertperf.kernels import backend
+    from bertperf.optim import FlatLamb, Lamb
+    from bertperf.train.loop import flat_lamb
+
+    bench = small_bench(tmp_path, packed=False)
+    plain = train.bertperf_row(bench, ("varlen", "fused kernels"))
+    assert type(plain.optimizer) is Lamb and plain.triton is None
+    monkeypatch.setattr(backend, "use_triton", lambda x: True)  # as for CUDA tensors
+    fused = train.bertperf_row(bench, ("varlen", "fused kernels"))
+    before = train.bertperf_row(bench, ("varlen",))
+    hf = train.hf_row(bench, "fp32")
+    assert type(fused.optimizer) is FlatLamb and fused.triton is None
+    assert type(before.optimizer) is Lamb and before.triton is False
+    assert type(hf.optimizer) is Lamb
+    # the trainer's rule, with FLAT_LAMB=auto, for the same parameters
+    auto = type("Cfg", (), {"optim": type("Optim", (), {"flat_lamb": None})})()
+    assert flat_lamb(auto, fused.model) is True
+    # FlatLamb's parameters are views of its buffer: the row's model trains through it
+    assert fused.model.bert.embeddings.word_embeddings.weight.data_ptr() == \
+        fused.optimizer._weights.data_ptr()
+    with train.triton_path(False):
+        assert flat_lamb(auto, fused.model) is False
+
+
+def test_the_optimizer_line_names_each_rows_lamb(capsys):
+    from bertperf.bench import train
+
+    results = [train.Result("HF", "fp32", optimizer="Lamb"),
+               train.Result("bertperf: varlen", "fp32", optimizer="Lamb"),
+               train.Result("bertperf: + packed", "fp32", optimizer="Lamb",
+                            missing="not available (x)"),
+               train.Result("bertperf: + fused kernels", "bf16", optimizer="FlatLamb")]
+    train.print_optimizers(results)
+    assert capsys.readouterr().out == (
+        "LAMB: Lamb (per tensor, foreach ops) in HF, bertperf: varlen; FlatLamb (one flat fp32 "
+        "buffer, one kernels.lamb_step) in bertperf: + fused kernels\n")
+
+
 @pytest.mark.slow
 def test_bench_train_prints_both_tables(tmp_path):
     """The command on synthetic samples with a tiny model: one table of rows (every bertperf
@@ -302,6 +436,9 @@ def test_bench_train_prints_both_tables(tmp_path):
     assert len(losses) >= 4 and max(losses) - min(losses) < 0.1 * min(losses)
     assert "| bertperf: + CUDA graphs | bf16 | not available (CUDA only)" in run.stdout
     assert any(line.startswith("every row trained on the same 4 sequences") for line in lines)
+    # on this CPU every row steps Lamb (FlatLamb where the kernels take Triton: CUDA)
+    assert "LAMB: Lamb (per tensor, foreach ops) in HF BertForPreTraining (SDPA, padded), " \
+        "bertperf: varlen, bertperf: + bf16, bertperf: + packed" in run.stdout
     model = lines.index(next(line for line in lines if line.startswith("step-time MODEL")))
     assert "a model, not a measurement" in lines[model]
     model_rows = [line for line in lines[model:] if line.startswith(("| A100", "| H100"))]

@@ -3,14 +3,19 @@ a model, not a measurement.
 
 Trace (`trace`): a step runs once to create its lazy state (gradients, optimizer moments), then
 again under a TorchDispatchMode that records every ATen operator launching a kernel: its FLOPs,
-the tensors it reads and writes (by storage and view) and their bytes, its phase (backward: an
-autograd node is running; optimizer: called from bertperf.optim; forward otherwise) and the
-bertperf function that issued it (for backward operators the forward operator's, from the
-tracebacks anomaly mode keeps). The caller runs it on fake tensors (FakeTensorMode: shapes and
-dtypes, no data), so BERT-large at the MLPerf batch is traced in seconds on a CPU. Views,
-allocations and detaches launch nothing and are not recorded; a host sync (`Tensor.item` and what
-calls it) is counted and answered with 1. Under CPU autocast, layer_norm, softmax and
-log_softmax are run in float32, as CUDA autocast runs them (CPU autocast keeps them in bfloat16).
+the tensors it reads and writes (by storage and view) and their bytes, its phase (accumulate:
+autograd adding a gradient into a parameter's .grad, which it does outside any compiled graph;
+backward: another autograd node is running; optimizer: called from bertperf.optim; forward
+otherwise) and the bertperf function that issued it (for backward operators the forward
+operator's, from the tracebacks anomaly mode keeps). The caller runs it on fake tensors
+(FakeTensorMode: shapes and dtypes, no data), so BERT-large at the MLPerf batch is traced in
+seconds on a CPU. Views, allocations, detaches and profiler marks launch nothing and are not
+recorded; a host sync (`Tensor.item` and what calls it) is counted and answered with 1. Under
+CPU autocast, layer_norm, softmax and log_softmax are run in float32, as CUDA autocast runs
+them (CPU autocast keeps them in bfloat16). bertperf.kernels' Triton kernels are custom
+operators with fake implementations, recorded as one kernel each, except those launched outside
+ATen (FlatLamb's three LAMB kernels): inside `triton_stand_ins()` their launcher is replaced by a
+stand-in that records each launch (`launch`) with the tensors it reads and writes.
 
 Price (`step_cost`): every kernel takes max(FLOPs / rate, bytes / bandwidth, launches x launch
 cost); rate: the tensor-core peak for fp16/bf16 matmuls (times MATMUL_EFFICIENCY) and for
@@ -31,11 +36,13 @@ gets from outside the run once and writes only what is read after the run or out
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
 import re
 import sys
+import types
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -113,7 +120,7 @@ class Op:
 
     name: str
     phase: str
-    """forward, backward or optimizer."""
+    """forward, backward, accumulate or optimizer."""
     region: str
     """The bertperf function that issued it ("kernels.bias_gelu.bias_gelu"), "" if none."""
     flops: float
@@ -211,7 +218,8 @@ class _Recorder(TorchDispatchMode):
         in_keys = {t.untyped_storage()._cdata for t in ins}
         out = func(*args, **kwargs)
         outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if func.namespace == "prim" or func.is_view or func.overloadpacket in _NO_KERNEL:
+        if func.namespace in ("prim", "profiler") or func.is_view \
+                or func.overloadpacket in _NO_KERNEL:
             for t in outs:  # a new allocation, no data yet
                 if t.untyped_storage()._cdata not in in_keys:
                     self._storage(t, fresh=True)
@@ -235,15 +243,7 @@ class _Recorder(TorchDispatchMode):
                 created.add(sid)
             writes.append(self._access(t, sid))
         self._has_data.update(a.storage for a in writes)
-        node = torch._C._current_autograd_node()
-        if node is not None:
-            lines = node.metadata.get("traceback_", [])
-            frames = [m.groups() for line in reversed(lines)
-                      if (m := _TRACEBACK_LINE.search(line))]
-            stack, phase = _bertperf_frames(frames), "backward"
-        else:
-            stack = _bertperf_frames(_python_frames())
-            phase = "optimizer" if any(f.startswith("optim.") for f in stack) else "forward"
+        region, phase = _where()
         low = any(t.dtype in (torch.float16, torch.bfloat16) for t in outs)
         if func.overloadpacket in _MATMULS:
             a, b = ins[-2], ins[-1]
@@ -255,12 +255,106 @@ class _Recorder(TorchDispatchMode):
             lists = [v for v in args if isinstance(v, (list, tuple)) and v
                      and isinstance(v[0], torch.Tensor)]
             launches = foreach_launches(lists) if lists else 1
-        self.ops.append(Op(func.name().removeprefix("aten::"), phase, stack[0] if stack else "",
+        self.ops.append(Op(func.name().removeprefix("aten::"), phase, region,
                            flops, tuple(reads), tuple(writes),
                            matmul=func.overloadpacket in _MATMULS,
                            tensor_cores=func.overloadpacket in _MATMULS and low,
                            created=frozenset(created), launches=launches))
         return out
+
+
+    def launch(self, name: str, flops: float, reads: Sequence[torch.Tensor],
+               writes: Sequence[torch.Tensor], created: Sequence[torch.Tensor]) -> None:
+        """Record a kernel launched outside ATen (module `launch`)."""
+        new = {self._storage(t) for t in created}
+        ins = [self._access(t, self._storage(t)) for t in reads]
+        outs = [self._access(t, self._storage(t)) for t in writes]
+        self._has_data.update(a.storage for a in outs)
+        region, phase = _where()
+        self.ops.append(Op(name, phase, region, float(flops), tuple(ins), tuple(outs),
+                           created=frozenset(new)))
+
+
+def _where() -> tuple[str, str]:
+    """(region, phase) of the operator being recorded (module docstring)."""
+    node = torch._C._current_autograd_node()
+    if node is not None and node.name().endswith("AccumulateGrad"):
+        return "", "accumulate"
+    if node is not None:
+        lines = node.metadata.get("traceback_", [])
+        frames = [m.groups() for line in reversed(lines) if (m := _TRACEBACK_LINE.search(line))]
+        stack, phase = _bertperf_frames(frames), "backward"
+    else:
+        stack = _bertperf_frames(_python_frames())
+        phase = "optimizer" if any(f.startswith("optim.") for f in stack) else "forward"
+    return (stack[0] if stack else ""), phase
+
+
+_RECORDING: list[_Recorder] = []
+
+
+def launch(name: str, flops: float, reads: Sequence[torch.Tensor] = (),
+           writes: Sequence[torch.Tensor] = (), created: Sequence[torch.Tensor] = ()) -> None:
+    """Record one kernel launched outside ATen (a Triton kernel called directly) while `trace`
+    records: a stand-in of its launcher calls this with the tensors the kernel reads and
+    writes (whole tensors; `created`: those it allocates, made with torch.empty just before)
+    and its FLOPs. Nothing happens outside a trace."""
+    if _RECORDING:
+        _RECORDING[-1].launch(name, flops, reads, writes, created)
+
+
+def _lamb_launches(layout, params: torch.Tensor, grads: torch.Tensor, exp_avg: torch.Tensor,
+                   exp_avg_sq: torch.Tensor, coef: torch.Tensor, lr: torch.Tensor, beta3: float,
+                   one_minus_beta2: float, eps: float) -> None:
+    """bertperf.kernels.triton.lamb.step's three launches, recorded with what each reads and
+    writes (the same signature: tests/unit/test_bench_train.py compares them): the moments and
+    each chunk's squared norms, one program per tensor for its trust ratio, the update. FLOPs:
+    one an element, as the recorder counts elementwise operators."""
+    chunks = layout.chunk_tensor.numel()
+    partial = torch.empty(chunks, 2, device=params.device, dtype=torch.float32)
+    scale = torch.empty(len(layout.numels), device=params.device, dtype=torch.float32)
+    tables = (layout.chunk_tensor, layout.tensor_chunks, layout.offsets, layout.weight_decay)
+    launch("lamb_moments", params.numel(), (params, grads, exp_avg, exp_avg_sq, *tables, coef),
+           (exp_avg, exp_avg_sq, partial), created=(partial,))
+    launch("lamb_ratios", chunks, (layout.tensor_chunks, partial, layout.adapt, lr), (scale,),
+           created=(scale,))
+    launch("lamb_apply", params.numel(), (params, exp_avg, exp_avg_sq, *tables, coef, scale),
+           (params,))
+
+
+STAND_INS = {"bertperf.kernels.triton.lamb": {"step": _lamb_launches}}
+"""Launchers of bertperf's Triton kernels that call them outside ATen, by module: they cannot
+run on fake tensors (nor without a GPU), so `triton_stand_ins` replaces them."""
+
+
+@contextlib.contextmanager
+def triton_stand_ins():
+    """Inside: each module of STAND_INS is a stand-in module holding the stand-in launchers
+    (Triton need not be installed), for `from bertperf.kernels.triton import lamb` and
+    `import bertperf.kernels.triton.lamb` alike; the real modules are back afterwards."""
+    import importlib
+
+    saved = []
+    try:
+        for name, functions in STAND_INS.items():
+            package, _, attr = name.rpartition(".")
+            parent = importlib.import_module(package)
+            saved.append((name, sys.modules.get(name), parent, attr, getattr(parent, attr, None)))
+            module = types.ModuleType(name, "a stand-in (bench/roofline.py)")
+            module.__dict__.update(functions)
+            sys.modules[name] = module
+            setattr(parent, attr, module)
+        yield
+    finally:
+        for name, module, parent, attr, value in reversed(saved):
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+            if value is None:
+                delattr(parent, attr)
+            else:
+                setattr(parent, attr, value)
 
 
 class _CudaAutocastFp32(TorchFunctionMode):
@@ -283,11 +377,15 @@ def trace(step: Callable[[], object]) -> Trace:
     docstring). Call it inside the FakeTensorMode the step's tensors belong to."""
     step()
     recorder = _Recorder()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # anomaly mode announces itself
-        with torch.autograd.set_detect_anomaly(True, check_nan=False), _CudaAutocastFp32(), \
-                recorder:
-            step()
+    _RECORDING.append(recorder)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # anomaly mode announces itself
+            with torch.autograd.set_detect_anomaly(True, check_nan=False), _CudaAutocastFp32(), \
+                    recorder:
+                step()
+    finally:
+        _RECORDING.remove(recorder)
     return Trace(recorder.ops, recorder.syncs)
 
 
@@ -368,9 +466,10 @@ def fuse_region(prefix: str) -> Callable[[Sequence[Op]], list[Op]]:
 def fuse_elementwise(ops: Sequence[Op]) -> list[Op]:
     """Every run of consecutive forward or backward operators other than matmuls and attention
     as one kernel: what torch.compile makes of the micro-step (it does not fuse into cuBLAS
-    matmuls, and the optimizer is not in the compiled micro-step)."""
-    return fuse(ops, lambda op: None if op.matmul or is_attention(op) or op.phase == "optimizer"
-                else op.phase)
+    matmuls; autograd's gradient accumulation and the optimizer are not in the compiled
+    micro-step)."""
+    return fuse(ops, lambda op: None if op.matmul or is_attention(op)
+                or op.phase not in ("forward", "backward") else op.phase)
 
 
 # ---- pricing -----------------------------------------------------------------------------------------
@@ -396,12 +495,14 @@ class StepCost:
 def step_cost(ops: Sequence[Op], gpu: Gpu, accumulation: int = 1,
               graphs: bool = False) -> StepCost:
     """One optimizer step: `accumulation` times the forward and backward kernels (replayed from
-    CUDA graphs when `graphs`), once the optimizer's (launched eagerly)."""
+    CUDA graphs when `graphs`) and the gradient accumulation (launched eagerly: autograd runs
+    it outside the graphs), once the optimizer's (launched eagerly)."""
     seconds = launches = moved = 0.0
     for op in ops:
         optimizer = op.phase == "optimizer"
         times = 1 if optimizer else accumulation
-        launch = GRAPH_LAUNCH_SECONDS if graphs and not optimizer else LAUNCH_SECONDS
+        graphed = graphs and op.phase in ("forward", "backward")
+        launch = GRAPH_LAUNCH_SECONDS if graphed else LAUNCH_SECONDS
         seconds += times * kernel_seconds(op, gpu, launch)
         launches += times * op.launches
         moved += times * op.bytes

@@ -3,7 +3,8 @@ bertperf with each of its switches on in turn, on the same samples in one proces
 step-time model for the GPU (bench/roofline.py), which is a model, not a measurement.
 
 Every row starts from the same weights (bertperf's initialisation, in HF's names through
-bertperf.model.hf) and trains with LAMB (gradients clipped at norm 1.0) on the same batches of
+bertperf.model.hf) and trains with LAMB (gradients clipped at norm 1.0; HF with bertperf's Lamb;
+a line under the table names each row's LAMB) on the same batches of
 real samples from --data (unpadded or packed shards; with packed shards a step is --batch rows
 and their sequences; --synthetic: MLPerf-like lengths packed in order, no files): warm-up steps,
 then timed steps. Rows:
@@ -16,7 +17,10 @@ then timed steps. Rows:
                   (bertperf.kernels' Triton kernels, on CUDA; off in the rows before),
                   + compile (COMPILE=inductor), + CUDA graphs (USE_CUDA_GRAPH=1), each row
                   adding one switch to the one before; a switch the data, the code or the device
-                  does not allow is shown as "not available (why)" and left out of the rows after
+                  does not allow is shown as "not available (why)" and left out of the rows
+                  after. LAMB as the trainer takes it (FLAT_LAMB=auto) for the kernels as the
+                  row runs them: FlatLamb (one flat buffer, three Triton launches a step) with
+                  the Triton kernels, Lamb (per tensor, foreach ops) without
 
 Columns: sequences/s; real (unpadded) tokens/s; model TFLOP/s counted on real tokens
 (bench/flops.py: the same work for every row, whatever it pads); MFU against the dense matmul
@@ -191,10 +195,15 @@ def train_step(forward, batch: dict, optimizer, device_type: str, dtype):
     return loss.detach()
 
 
-def lamb(model):
-    from bertperf.optim import make_optimizer, param_groups
+def lamb(model, flat: bool | None = None):
+    """LAMB at lr LR (weight decay 0.01, as param_groups gives it) as the trainer takes it for
+    the model's parameters where flat is None (FLAT_LAMB=auto, bertperf.optim.use_flat_lamb:
+    FlatLamb where the kernels take their Triton path, so not inside triton_path(False); Lamb
+    elsewhere), or as flat says (FLAT_LAMB=1/0). Build it after the model is on its device."""
+    from bertperf.optim import make_optimizer, param_groups, use_flat_lamb
 
-    return make_optimizer("lamb", param_groups(model, 0.01), lr=LR)
+    name = "flat_lamb" if use_flat_lamb(model.parameters(), flat) else "lamb"
+    return make_optimizer(name, param_groups(model, 0.01), lr=LR)
 
 
 @contextlib.contextmanager
@@ -284,8 +293,8 @@ def hf_row(bench: Bench, precision: str) -> Trainee:
         lengths = p["input_mask"].sum(1)
         digests.append(digest(row[:n] for row, n in zip(p["input_ids"], lengths)))
     model.to(bench.device).train()
-    return Trainee(lambda batch: model(**batch).loss, model, lamb(model), batches, digests,
-                   _dtype(precision), triton=False)
+    return Trainee(lambda batch: model(**batch).loss, model, lamb(model, flat=False), batches,
+                   digests, _dtype(precision), triton=False)
 
 
 def _dtype(precision: str):
@@ -369,9 +378,11 @@ def bertperf_row(bench: Bench, switches: tuple[str, ...]) -> Trainee:
                         "divisors": batch["divisors"].to(bench.device)})
         digests.append(seen)
     model.to(bench.device).train()
-    return Trainee(stepper(model, switches), model, lamb(model), batches, digests,
-                   _dtype("bf16" if "bf16" in switches else "fp32"),
-                   triton=None if "fused kernels" in switches else False)
+    triton = None if "fused kernels" in switches else False
+    with triton_path(triton):  # the trainer's LAMB where the kernels are as this row runs them
+        optimizer = lamb(model)
+    return Trainee(stepper(model, switches), model, optimizer, batches, digests,
+                   _dtype("bf16" if "bf16" in switches else "fp32"), triton=triton)
 
 
 # ---- measuring -----------------------------------------------------------------------------------
@@ -388,6 +399,8 @@ class Result:
     """Each timed step's sequences, real tokens and model FLOPs."""
     peak_bytes: float = 0.0
     loss: float = float("nan")
+    optimizer: str = ""
+    """The LAMB's class (Lamb, FlatLamb)."""
     digests: tuple[str, ...] = ()
     missing: str | None = None
     """Why the row has no numbers: "not available (why)" or "failed (error)"."""
@@ -442,6 +455,7 @@ def measure(bench: Bench, label: str, precision: str, build) -> Result:
     torch.manual_seed(0)
     try:
         t = build()
+        result.optimizer = type(t.optimizer).__name__
         train_row(bench, t, result)
     except NotAvailable as exc:
         return replace(result, missing=f"not available ({exc})")
@@ -546,17 +560,21 @@ def model_steps() -> dict[str, Step]:
 
 
 def trace_step(config, step: Step, packed: bool, triton: bool):
-    """The kernels of the trainer's bf16 step (forward_loss, backward, clipped LAMB) on this
-    micro-batch, traced on fake tensors (bench/roofline.py) with bertperf.kernels' Triton path
-    on or off; the segment lengths its attention runs over."""
+    """The kernels of the trainer's bf16 step (forward_loss, backward, clipped LAMB, zero_grad)
+    on this micro-batch, traced on fake tensors (bench/roofline.py) with bertperf.kernels'
+    Triton path on or off, and the LAMB the trainer takes with it (FlatLamb, whose Triton
+    launches roofline's stand-ins record; Lamb); the segment lengths its attention runs over.
+    The traced micro-step adds its gradients to those already there, as all but the first of
+    the trainer's micro-steps do."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from bertperf.bench import roofline
     from bertperf.model import BertForPreTraining
+    from bertperf.optim import clipped_step
 
     fake = FakeTensorMode()
-    with fake:
+    with fake, triton_path(triton):
         model = BertForPreTraining(config)
         optimizer = lamb(model)
     batch, _ = micro_batch(step, packed, 512, 76)
@@ -565,10 +583,21 @@ def trace_step(config, step: Step, packed: bool, triton: bool):
                         for k, v in batch["inputs"].items()},
              "divisors": fake.from_tensor(batch["divisors"])}
     forward = stepper(model, ())
-    with fake, triton_path(triton):
-        trace = roofline.trace(lambda: train_step(forward, batch, optimizer, "cpu",
-                                                  torch.bfloat16))
-    return trace, segments
+    calls = itertools.count()
+
+    def run():
+        if next(calls) == 0:  # untraced: the lazy state, then gradients to add to
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = forward(batch)
+            loss.backward()
+            clipped_step(optimizer, MAX_GRAD_NORM, None)
+            optimizer.zero_grad(set_to_none=False)
+            return
+        train_step(forward, batch, optimizer, "cpu", torch.bfloat16)
+
+    with fake, triton_path(triton), roofline.triton_stand_ins():
+        trace = roofline.trace(run)
+    return trace, segments, type(optimizer).__name__
 
 
 MODEL_TITLE = "step-time MODEL for the GPU (a model, not a measurement)"
@@ -576,26 +605,32 @@ MODEL_TITLE = "step-time MODEL for the GPU (a model, not a measurement)"
 
 def print_model() -> None:
     """The second table: BERT-large's step on an A100 and an H100 as the code runs it (varlen
-    or packed, bertperf.kernels' Triton kernels), without those kernels and with each of them,
-    and with COMPILE and USE_CUDA_GRAPH (bench/roofline.py)."""
+    or packed, bertperf.kernels' Triton kernels and FlatLamb), without those kernels (and with
+    Lamb) and with each of them, and with COMPILE and USE_CUDA_GRAPH (bench/roofline.py)."""
     from bertperf.bench import roofline
     from bertperf.model import BertConfig
 
     config = BertConfig.large()
     t0 = time.perf_counter()
     steps = model_steps()
-    traces = {}
+    traces, optimizers = {}, {}
     for layout, triton in (("varlen", False), ("varlen", True), ("packed", True)):
-        trace, segments = trace_step(config, steps[layout], layout == "packed", triton)
+        trace, segments, optimizers[triton] = trace_step(config, steps[layout],
+                                                         layout == "packed", triton)
         traces[layout, triton] = trace, roofline.flash_attention(
             trace.ops, segments, config.hidden_size, config.num_attention_heads)
     plain = traces["varlen", False][1]
     current, packed = traces["varlen", True][1], traces["packed", True][1]
     regions = sorted({op.region.rsplit(".", 1)[0] for op in plain
                       if op.region.startswith("kernels.") and not roofline.is_attention(op)})
-    rows = [("varlen, plain PyTorch (no Triton kernels)", "varlen", plain, False),
+    flat = [op for op in plain if op.phase != "optimizer"] \
+        + [op for op in current if op.phase == "optimizer"]
+    rows = [(f"varlen, plain PyTorch (no Triton kernels; {optimizers[False]})", "varlen", plain,
+             False),
             *((f"varlen, plain + {r.removeprefix('kernels.')} in one kernel", "varlen",
                roofline.fuse_region(r)(plain), False) for r in regions),
+            (f"varlen, plain + {optimizers[True]} (LAMB over one flat buffer)", "varlen", flat,
+             False),
             ("varlen, Triton kernels", "varlen", current, False),
             ("packed (LAYOUT=packed), Triton kernels", "packed", packed, False),
             ("packed + COMPILE=inductor (elementwise chains fused)", "packed",
@@ -612,7 +647,9 @@ def print_model() -> None:
           f"MLPerf's {MLPERF_PACKING} sequences a row)")
     print(f"the trainer's step traced on fake tensors ({time.perf_counter() - t0:.0f} s; host "
           f"syncs in it: {traces['varlen', True][0].syncs} varlen, "
-          f"{traces['packed', True][0].syncs} packed, not priced); attention as FlashAttention "
+          f"{traces['packed', True][0].syncs} packed, not priced), with the LAMB the trainer "
+          f"takes (FLAT_LAMB=auto): {optimizers[False]} without the Triton kernels, "
+          f"{optimizers[True]} with them; attention as FlashAttention "
           f"varlen; a kernel takes max(FLOPs / rate, bytes / bandwidth, launch): matmuls at "
           f"{roofline.MATMUL_EFFICIENCY:.0%} of the bf16 tensor peak, attention at "
           + ", ".join(f"{g.attention_efficiency:.0%} ({g.name.split()[0]})" for g in roofline.GPUS)
@@ -729,6 +766,7 @@ def measure_rows(args: argparse.Namespace) -> None:
     for label, prec, build in rows(bench, precisions):
         results.append(measure(bench, label, prec, build))
     print_table(results, rate, cuda)
+    print_optimizers(results)
     ran = [r for r in results if r.missing is None]
     if any(r.digests != ran[0].digests for r in ran):
         raise UserError("the rows did not train on the same sequences")
@@ -744,6 +782,20 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "CPU"
+
+
+OPTIMIZERS = {"Lamb": "Lamb (per tensor, foreach ops)",
+              "FlatLamb": "FlatLamb (one flat fp32 buffer, one kernels.lamb_step)"}
+
+
+def print_optimizers(results: list[Result]) -> None:
+    """The LAMB each row that ran stepped (the bertperf rows: the trainer's for the device)."""
+    rows: dict[str, list[str]] = {}
+    for r in results:
+        if r.missing is None and r.label not in rows.setdefault(r.optimizer, []):
+            rows[r.optimizer].append(r.label)
+    print("LAMB: " + "; ".join(f"{OPTIMIZERS.get(name, name)} in {', '.join(labels)}"
+                               for name, labels in rows.items()))
 
 
 def print_table(results: list[Result], rate: dict[str, float], cuda: bool) -> None:
