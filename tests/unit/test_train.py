@@ -370,3 +370,18 @@ def test_dist_config_launchers_and_loader_split(tmp_path):
     assert load({**env, "LOADER_SPLIT": "shards"}).data.loader_split == "shards"
     with pytest.raises(UserError, match="LOADER_SPLIT"):
         load({**env, "LOADER_SPLIT": "rows"})
+
+
+def test_tf32_on_cuda_only():
+    """fp32 matmuls run in TF32 on a CUDA device; the CPU's settings are left alone."""
+    from bertperf.train.loop import use_tf32
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn.allow_tf32
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = False
+        use_tf32(torch.device("cpu"))
+        assert not matmul.allow_tf32 and not cudnn.allow_tf32
+        use_tf32(torch.device("cuda", 0))
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = before

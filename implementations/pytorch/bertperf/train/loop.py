@@ -103,6 +103,14 @@ def pick_device(cfg: RunConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def use_tf32(device: torch.device) -> None:
+    """fp32 matmuls and convolutions on CUDA in TF32 (Ampere and newer), as NVIDIA's containers
+    run them: PRECISION=fp32 runs at tensor-core speed; bf16/fp16 autocast is unaffected."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def rank0_printer(rank: int, prefix: str = "") -> Callable[[str], None]:
     """A progress/warning printer to stderr that only rank 0 uses (the others stay silent)."""
     if rank != 0:
@@ -126,6 +134,7 @@ def flat_lamb(cfg: RunConfig, model: torch.nn.Module) -> bool:
 def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     """Build the run (between init_start and init_stop)."""
     device = pick_device(cfg)
+    use_tf32(device)
     cfg = resolve_layout(cfg)
     dist = distributed.init(cfg.dist, device)
     # one seed for the run: rank 0's (ranks started by `mpirun -np N run_and_time.sh` each draw
