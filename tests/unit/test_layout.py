@@ -83,7 +83,7 @@ def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
         test_rooms_import_only_lower_floors()
 
 
-COMMANDS_WITHOUT_TORCH = [["--help"], ["rank"], ["prep", "--help"], ["bench", "--help"], ["train", "--help"],
+COMMANDS_WITHOUT_TORCH = [["--help"], ["rank"], ["prep", "--help"], ["bench", "--help"], ["bench", "balance", "--help"], ["train", "--help"],
                           ["check", "--help"], ["submission", "--help"], ["plot", "--help"]]
 COMMANDS_WITHOUT_TORCH += [["prep", stage, "--help"] for stage in
                            ("dictd", "clean", "segment", "split", "create", "eval", "verify",

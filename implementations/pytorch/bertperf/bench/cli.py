@@ -8,6 +8,9 @@ COMMANDS = {
                "samples/s of the data loader per worker for each batch layout, and its peak memory"),
     "attention": ("bertperf.bench.attention",
                   "variable-length attention paths, forward + backward (prints a table)"),
+    "balance": ("bertperf.bench.balance",
+                "per-rank token and sum-L^2 imbalance of real global batches, before and after "
+                "data/balance.py places them"),
     "train": ("bertperf.bench.train",
               ("training speed of HF BertForPreTraining and of bertperf's switches on the same "
                "samples, and a step-time model for the GPU")),
