@@ -16,30 +16,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertperf.kernels import (flash_supported, varlen_attention, varlen_attention_flash,
                               varlen_attention_padded, varlen_attention_reference)
+from tests.unit.test_kernels import assert_same_fwd_bwd, leaves
 
 # the module (the package's attribute of that name is the function)
 attention = importlib.import_module("bertperf.kernels.varlen_attention")
 
-F64 = dict(dtype=torch.float64)
 LENGTHS = [1, 7, 3, 16, 2]
 H, D = 3, 8
-
-
-def leaves(*shapes: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g, **F64).requires_grad_() for s in shapes]
-
-
-def grads(out: torch.Tensor, inputs: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), **F64)
-    return list(torch.autograd.grad(out, inputs, g))
-
-
-def assert_same_fwd_bwd(fast, ref, inputs: list[torch.Tensor], rtol=1e-12, atol=1e-12) -> None:
-    out, expected = fast(*inputs), ref(*inputs)
-    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
-    for a, b in zip(grads(out, inputs), grads(expected, inputs)):
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
 def offsets(lengths: list[int]) -> torch.Tensor:
