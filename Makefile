@@ -51,7 +51,9 @@ demo: setup
 	  PYTHON=$(PY) ./run_and_time.sh
 	$(PY) -m bertperf check --logs $(DEMO)/results/result_0.txt
 
-# The data-prep chain on the Wikipedia sample of ../shared (MLPerf's 512-token samples).
+# The data-prep chain on a Wikipedia extract (MLPerf's 512-token samples): WIKI_SAMPLE is a folder
+# of wikiextractor output (data_prep/README.md makes one from the real dump); the default is where
+# this project's developers keep a 4 MB sample, which a clone does not carry.
 demo-wiki: setup
 	PYTHON=$(PY) WIKI_DIR=$(WIKI_SAMPLE) OUT_DIR=$(OUT)/wiki_sample NUM_EVAL_ARTICLES=40 \
 	  BLOCK_SIZE=1.0 NUM_PARTS=4 NUM_EVAL_SAMPLES=1000 bash data_prep/prepare_data.sh
