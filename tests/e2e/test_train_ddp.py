@@ -1,7 +1,9 @@
 """Data parallel training through torch.distributed (gloo on CPU): a 2-rank run equals a 1-rank
 run over the same global batch, whichever launcher started the ranks (torchrun, `bertperf launch`,
 plain RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as Slurm's srun scripts set them, or OpenMPI's
-mpirun), and with FLAT_LAMB=1 (DDP reducing into FlatLamb's flat gradient buffer) too.
+mpirun), with FLAT_LAMB=1 (DDP reducing into FlatLamb's flat gradient buffer) and with BALANCE=1
+(the same global batches, their samples placed on the ranks by length) too; and LAYOUT=stratified
+trains from a `prep stratify` output on 2 ranks.
 
 The training data is the copy task of tests/unit/test_train.py with 1 to 4 masked tokens per
 sample (unequal counts per rank and per micro-batch), so the test also checks the loss
@@ -135,8 +137,9 @@ def run_variant(data: dict, tmp: Path, how: str) -> dict:
     elif how == "launch":
         cmds = [([sys.executable, "-m", "bertperf", "launch", "--nproc-per-node", "2", "train"],
                  base_env(data, out, 2))]
-    elif how in ("env", "flat_lamb"):  # what an srun script sets: ranks, world size, rendezvous
-        flat = {"FLAT_LAMB": "1"} if how == "flat_lamb" else {}  # LAMB over one flat buffer
+    elif how in ("env", "flat_lamb", "balance"):  # what an srun script sets: ranks, world size,
+        # rendezvous; FLAT_LAMB: LAMB over one flat buffer; BALANCE: samples placed by length
+        flat = {"flat_lamb": {"FLAT_LAMB": "1"}, "balance": {"BALANCE": "1"}}.get(how, {})
         cmds = [(train, {**base_env(data, out, 2), "RANK": str(r), "WORLD_SIZE": "2",
                          "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                          **flat})
@@ -168,8 +171,27 @@ def assert_same(a: dict, b: dict) -> None:
     print(f"max |param difference| {worst:.3g}; eval accuracies {a['acc']}")
 
 
-@pytest.mark.parametrize("how", ["torchrun", "launch", "env", "mpirun", "flat_lamb"])
+@pytest.mark.parametrize("how", ["torchrun", "launch", "env", "mpirun", "flat_lamb", "balance"])
 def test_two_ranks_equal_one_rank(data, single, tmp_path, how):
     if how == "mpirun" and shutil.which("mpirun") is None:
         pytest.skip("no mpirun (OpenMPI) installed")
     assert_same(run_variant(data, tmp_path, how), single)
+
+
+def test_two_ranks_train_stratified_data(data, tmp_path):
+    """LAYOUT=stratified (unset: read from the folder) with BALANCE=1 on 2 ranks: the run ends
+    by its step cap with the same global batch size, every step's loss finite."""
+    from bertperf.__main__ import main
+    strat = tmp_path / "strat"
+    assert main(["prep", "stratify", "--input", data["DATADIR_PHASE2"], "--output", str(strat),
+                 "--bins", "12,14,16", "--shards_per_bin", "2", "--workers", "1"]) == 0
+    out = tmp_path / "run"
+    out.mkdir()
+    env = {**base_env({**data, "DATADIR_PHASE2": str(strat)}, out, 2), "BALANCE": "1",
+           "MAX_STEPS": "24", "EVAL_ITER_SAMPLES": "128", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    got = outcome(out, launch([([sys.executable, "-m", "bertperf", "train"],
+                                {**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+                               for r in range(2)], out))
+    assert got["gbs"] == [GLOBAL_BATCH] and len(got["loss"]) == 24
+    assert np.isfinite(got["loss"]).all()

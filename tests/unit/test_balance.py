@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.bench.loader import synthetic_samples, write_synthetic_shards
+from bertperf.bench.loader import synthetic_samples, write_synthetic_packed, write_synthetic_shards
 from bertperf.data.balance import contiguous, imbalance, loads, place
 
 
@@ -89,3 +89,21 @@ def test_bench_balance_names_a_bad_folder(tmp_path, capsys):
     assert main(["bench", "balance", "--data", str(tmp_path / "missing")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing" in err[0]
+
+
+def test_bench_balance_reads_packed_rows_and_stratified_data(tmp_path, capsys):
+    write_synthetic_packed(tmp_path / "packed", shards=2, per_shard=300, seed=2,
+                           max_seq_length=128, max_pred=20)
+    assert main(["bench", "balance", "--data", str(tmp_path / "packed"), "--ranks", "4",
+                 "--batch", "4", "--batches", "3"]) == 0
+    assert "packed rows" in capsys.readouterr().out
+    write_synthetic_shards(tmp_path / "shards", shards=2, per_shard=200, seed=1,
+                           max_seq_length=128, max_pred=20)
+    assert main(["prep", "stratify", "--input", str(tmp_path / "shards"), "--output",
+                 str(tmp_path / "strat"), "--bins", "32,64,96,128", "--workers", "1"]) == 0
+    capsys.readouterr()
+    assert main(["bench", "balance", "--data", str(tmp_path / "strat"), "--ranks", "2,64",
+                 "--batch", "8", "--batches", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "length-stratified" in out and "| 2 | 5 (1) |" in out
+    assert "| 64 | 0 | global batch larger than an epoch" in out

@@ -12,7 +12,7 @@ import pytest
 
 from bertperf.__main__ import main
 from bertperf.bench.loader import synthetic_samples
-from bertperf.data.dataset import stratified_datasets
+from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
 from bertperf.formats.unpadded import read_shard, write_shard
 from bertperf.prep.shards.stratify import bin_names, dealt
@@ -183,8 +183,9 @@ def test_dealing_is_balanced():
 
 
 def test_loader_reads_the_bins(stratified):
-    bins = stratified_datasets(stratified)
-    assert set(bins) == {n for n, _, _ in bin_names(EDGES)}
+    names = [n for n, _, _ in bin_names(EDGES)]
+    bins = {name: ShardDataset.from_folder(stratified / name, "part_*.h5") for name in names}
+    assert ShardDataset.from_stratified(stratified).bins == [3] * len(names)
     for name, ds in bins.items():
         lo, hi = (int(x) for x in name[4:].split("-"))
         batches = list(ShardLoader(ds, 5, prefetch=0, drop_last=False))

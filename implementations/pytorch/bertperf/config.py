@@ -19,7 +19,7 @@ from bertperf.benchmark import CLOSED, DIVISIONS, TARGET_ACCURACY
 from bertperf.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-LAYOUTS = ("varlen", "packed")
+LAYOUTS = ("varlen", "packed", "stratified")
 COMPILE_BACKENDS = ("none", "inductor", "aot_eager", "eager")
 LOADER_SPLITS = ("global_batch", "shards")
 VERIFY_MODES = ("md5", "size", "none")
@@ -95,12 +95,15 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     train_dir: Path | None = _var("DATADIR_PHASE2", Path)
-    """Folder of training shards: unpadded (`prep unpad`, `prep chop`) or packed (`prep pack`)."""
+    """Folder of training shards: unpadded (`prep unpad`, `prep chop`), packed (`prep pack`) or
+    length-stratified (a `prep stratify` output: its bin folders and stratify.json)."""
     layout: str | None = _var("LAYOUT", str)
     """How the trainer batches them: "varlen" (unpadded shards: BATCHSIZE sequences of their own
     lengths per micro-batch) or "packed" (packed shards: BATCHSIZE rows of max_seq_length tokens
-    holding up to 3 sequences each; every tensor of the step keeps one shape for the whole run);
-    default: what DATADIR_PHASE2 holds."""
+    holding up to 3 sequences each; every tensor of the step keeps one shape for the whole run)
+    or "stratified" (a `prep stratify` output, batched as varlen: every rank's micro-batch draws
+    the same number of samples from each length bin, in proportion to the bins' sizes;
+    bertperf.data.order.StratifiedPlan); default: what DATADIR_PHASE2 holds."""
     masked_lm_prob: float = _var("MASKED_LM_PROB", float, 0.15)
     """LAYOUT=packed: the masking rate the data was made with (`prep create --masked_lm_prob`);
     it bounds the masked tokens a row can hold (78 for MLPerf's 512-token rows), the fixed number
@@ -123,6 +126,12 @@ class DataConfig:
     batch of WORLD_SIZE*BATCHSIZE consecutive samples of the one epoch stream is cut into per-rank
     parts, so the run's batches, and so its result, do not depend on the number of ranks;
     "shards": each rank reads its own contiguous slice of the stream (fewer shards per rank)."""
+    balance: bool = _var("BALANCE", yes_no, False)
+    """Place each global batch's samples (rows, when packed) on the ranks so that every rank gets
+    nearly the same tokens and sum of squared lengths (bertperf.data.balance; each rank still
+    BATCHSIZE of them, every rank reading the shards of the samples placed on it). The global
+    batches, and so the gradients, are unchanged: only which rank trains which sample. Off is the
+    MLPerf reference's behaviour."""
 
 
 @dataclass(frozen=True)

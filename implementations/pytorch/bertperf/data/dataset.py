@@ -16,7 +16,10 @@ import numpy as np
 from bertperf.data.readers import PackedReader, ShardReader
 from bertperf.errors import UserError
 from bertperf.formats import detect, manifest
+from bertperf.formats.hdf5 import read_datasets
 from bertperf.formats.samples import Samples
+
+STRATIFY_SUMMARY = "stratify.json"
 
 
 class ShardDataset:
@@ -52,6 +55,10 @@ class ShardDataset:
         self.use_mmap, self.validate = use_mmap, validate
         self._readers: collections.OrderedDict[int, ShardReader | PackedReader] = \
             collections.OrderedDict()
+        self._lengths: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self.bins: list[int] | None = None
+        """Length-stratified data (from_stratified): how many of the shards, in order, each
+        length bin holds; None otherwise."""
         self._lock = threading.Lock()
 
     def _header(self, path: Path) -> detect.Header:
@@ -72,6 +79,36 @@ class ShardDataset:
         if not folder.is_dir():
             raise UserError(f"{folder}: no such folder")
         return cls(detect.sample_files(folder, "training", pattern), **kwargs)
+
+    @classmethod
+    def from_stratified(cls, folder: str | os.PathLike, **kwargs) -> ShardDataset:
+        """The shards of a `prep stratify` output folder, bin after bin (stratify.json's order,
+        empty bins left out; each bin's shards by name), with `bins` set."""
+        folder = Path(folder)
+        try:
+            bins = json.loads((folder / STRATIFY_SUMMARY).read_text())["bins"]
+            names = [b["name"] for b in bins if b["samples"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{folder}: not a prep stratify output ({STRATIFY_SUMMARY}: "
+                            f"{exc})") from None
+        per_bin = [detect.sample_files(folder / name, "training", "part_*.h5") for name in names]
+        dataset = cls([f for files in per_bin for f in files], **kwargs)
+        if dataset.packed:
+            raise UserError(f"{folder}: packed shards in a stratify output")
+        dataset.bins = [len(files) for files in per_bin]
+        return dataset
+
+    @staticmethod
+    def is_stratified(folder: str | os.PathLike) -> bool:
+        """Whether `folder` is a `prep stratify` output (it holds stratify.json)."""
+        return (Path(folder) / STRATIFY_SUMMARY).is_file()
+
+    def bin_counts(self) -> list[np.ndarray]:
+        """Each length bin's shard counts (stratified data only)."""
+        if self.bins is None:
+            raise ValueError("not a stratified dataset")
+        ends = np.cumsum([0, *self.bins])
+        return [self.counts[a:b] for a, b in zip(ends[:-1], ends[1:])]
 
     def __len__(self) -> int:
         return len(self.files)
@@ -117,6 +154,28 @@ class ShardDataset:
                 old.close()
             return r
 
+    def lengths(self, shard: int) -> np.ndarray:
+        """The tokens of each sample (each row, for packed shards) of shard `shard`, from its
+        offsets only (the last 64 shards asked for are kept)."""
+        with self._lock:
+            found = self._lengths.get(shard)
+            if found is not None:
+                self._lengths.move_to_end(shard)
+                return found
+        path = self.files[shard]
+        name = "row_offsets" if self.packed else "offsets"
+        offsets = read_datasets(path, [name], f"a {self.kind} shard")[name]
+        if len(offsets) != self.counts[shard] + 1:
+            raise UserError(f"{path}: holds {len(offsets) - 1} "
+                            f"{'rows' if self.packed else 'samples'}, but "
+                            f"{int(self.counts[shard])} were expected (MANIFEST.json stale?)")
+        found = np.diff(offsets.astype(np.int64)).astype(np.int32)
+        with self._lock:
+            self._lengths[shard] = found
+            while len(self._lengths) > 64:
+                self._lengths.popitem(last=False)
+        return found
+
     def take(self, shard: int, rows: np.ndarray) -> Samples:
         """Samples `rows` of unpadded shard `shard`."""
         return self.reader(shard).take(rows)
@@ -127,14 +186,3 @@ class ShardDataset:
                 r.close()
             self._readers.clear()
 
-
-def stratified_datasets(folder: str | os.PathLike, **kwargs) -> dict[str, ShardDataset]:
-    """One ShardDataset per length bin of a `prep stratify` output folder (from stratify.json)."""
-    folder = Path(folder)
-    try:
-        doc = json.loads((folder / "stratify.json").read_text())
-        bins = doc["bins"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{folder}: not a stratify output (stratify.json: {exc})") from None
-    return {b["name"]: ShardDataset.from_folder(folder / b["name"], "part_*.h5", **kwargs)
-            for b in bins if b["samples"]}

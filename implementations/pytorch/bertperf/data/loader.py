@@ -14,6 +14,11 @@ counts as host scalars, and `global_sequences`: the sequences of the whole globa
 rank's part of it; for packed rows read from every rank's rows' index, which with split="shards"
 means other ranks' shards too), so a trainer counts MLPerf's samples without a collective.
 
+Balance (`balance=True`, the trainer's BALANCE): every step's global batch (every rank's samples
+at the same positions) is placed on the ranks by data/balance.py from the samples' lengths (the
+shards' offsets), each rank b of them, read in stream order; the global batches are unchanged.
+Stratified data (a ShardDataset.from_stratified) follows data/order.py's StratifiedPlan.
+
 Resume: `position` is the number of samples of the current epoch this rank has consumed (after the
 batches already yielded). Starting at (epoch, position=k) yields exactly the stream that an
 uninterrupted run yields from its sample k on; when k is a multiple of batch_size the batches are
@@ -29,14 +34,16 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from bertperf.data.balance import place
 from bertperf.data.collate import (LAYOUTS, collate_packed, collate_padded, collate_varlen,
                                    rows_over)
 from bertperf.data.dataset import ShardDataset
-from bertperf.data.order import SPLITS, EpochPlan
+from bertperf.data.order import SPLITS, EpochPlan, StratifiedPlan
 from bertperf.errors import UserError
 from bertperf.formats.samples import Samples
 
 STATE_FORMAT = "bertperf-loader-state/1"
+Plan = EpochPlan | StratifiedPlan
 _DONE = object()
 
 
@@ -96,7 +103,8 @@ class ShardLoader:
                  world_size: int = 1, seed: int = 0, epoch: int = 0, start_sample: int = 0,
                  layout: str | None = None, drop_last: bool = True, prefetch: int = 2,
                  max_seq_length: int | None = None, max_pred: int | None = None,
-                 split: str = "shards", masks_per_row: int | None = None) -> None:
+                 split: str = "shards", masks_per_row: int | None = None,
+                 balance: bool = False) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         layout = layout or ("packed" if dataset.packed else "padded")
@@ -111,7 +119,9 @@ class ShardLoader:
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
-        self.split = split
+        if dataset.bins is not None and (layout == "packed" or split != "global_batch"):
+            raise ValueError("stratified data gives varlen or padded batches, split global_batch")
+        self.split, self.balance = split, balance and world_size > 1
         self.dataset, self.batch_size = dataset, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.layout, self.drop_last, self.prefetch = layout, drop_last, max(0, prefetch)
@@ -120,22 +130,62 @@ class ShardLoader:
         room = (dataset.max_seqs_per_row or 1) * self.max_pred  # Packed.batch's columns
         self.masks_per_row = min(masks_per_row or room, room)
         self.epoch, self.position = epoch, start_sample
-        self._plan: EpochPlan | None = None
+        self._plan: Plan | None = None
+        self._placements: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     # -- order --
-    def plan(self, epoch: int | None = None) -> EpochPlan:
+    def plan(self, epoch: int | None = None) -> Plan:
         epoch = self.epoch if epoch is None else epoch
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = self.new_plan(epoch)
         return self._plan
 
-    def new_plan(self, epoch: int) -> EpochPlan:
+    def new_plan(self, epoch: int) -> Plan:
+        if self.dataset.bins is not None:
+            return StratifiedPlan(self.dataset.bin_counts(), self.seed, epoch, self.rank,
+                                  self.world_size, block=self.batch_size)
         return EpochPlan(self.dataset.counts, self.seed, epoch, self.rank, self.world_size,
                          split=self.split, block=self.batch_size)
 
     @property
     def samples_per_epoch(self) -> int:
-        return self.dataset.num_samples // self.world_size
+        return self.plan().length
+
+    def refs(self, plan: Plan, start: int, stop: int,
+             rank: int | None = None) -> list[tuple[int, np.ndarray]]:
+        """This rank's (or rank `rank`'s) samples at positions start..stop-1 as (shard, rows)
+        runs: the plan's, or with `balance` the ones data/balance.py places on the rank from
+        each global batch (every rank's samples at the same positions), in stream order."""
+        if not self.balance:
+            return plan.refs(start, stop, rank)
+        b, r = self.batch_size, self.rank if rank is None else rank
+        full, out, p = plan.length // b, [], start
+        while p < min(stop, plan.length):
+            k0 = p // b * b
+            shards, rows = self.placement(plan, k0, b if k0 < full * b else plan.length - k0)
+            a, z = p - k0, min(stop - k0, shards.shape[1])
+            s, x = shards[r, a:z], rows[r, a:z]
+            cut = np.flatnonzero(np.diff(s)) + 1
+            out += [(int(run[0]), rr) for run, rr in zip(np.split(s, cut), np.split(x, cut))]
+            p = k0 + z
+        return out
+
+    def placement(self, plan: Plan, k0: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """[W, size] shard numbers and rows: what each rank reads of the global batch made of
+        every rank's positions k0..k0+size-1 (data/balance.py place, each row in stream order);
+        the last two are kept."""
+        key = (plan.epoch, k0)
+        if key not in self._placements:
+            everyone = plan.everyone(k0, k0 + size)
+            shards = np.concatenate([np.full(len(rows), s, dtype=np.int64)
+                                     for s, rows in everyone])
+            rows = np.concatenate([rows for _, rows in everyone])
+            lengths = np.concatenate([self.dataset.lengths(s)[rows] for s, rows in everyone])
+            where = np.sort(place(lengths, self.world_size), axis=1)
+            self._placements[key] = shards[where], rows[where]
+            while len(self._placements) > 2:
+                del self._placements[next(iter(self._placements))]
+        return self._placements[key]
 
     def __len__(self) -> int:
         """Batches in a whole epoch."""
@@ -151,17 +201,18 @@ class ShardLoader:
             self.position + max(0, length - self.position) // self.batch_size * self.batch_size
         return range(self.position, end, self.batch_size)
 
-    def samples(self, plan: EpochPlan, start: int, stop: int) -> Samples:
-        parts = [self.dataset.take(shard, rows) for shard, rows in plan.refs(start, stop)]
+    def samples(self, plan: Plan, start: int, stop: int) -> Samples:
+        parts = [self.dataset.take(shard, rows) for shard, rows in self.refs(plan, start, stop)]
         return parts[0] if len(parts) == 1 else Samples.concat(parts)
 
-    def make_batch(self, plan: EpochPlan, start: int) -> dict[str, np.ndarray]:
+    def make_batch(self, plan: Plan, start: int) -> dict[str, np.ndarray]:
         stop = start + self.batch_size
         if self.layout == "packed":
-            parts = [self.packed_rows(shard, rows) for shard, rows in plan.refs(start, stop)]
+            parts = [self.packed_rows(shard, rows) for shard, rows in self.refs(plan, start, stop)]
             rows = parts[0] if len(parts) == 1 else \
                 {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-            everyone = [ref for r in range(self.world_size) for ref in plan.refs(start, stop, r)]
+            everyone = [ref for r in range(self.world_size)
+                        for ref in self.refs(plan, start, stop, r)]
             return {**collate_packed(rows, self.masks_per_row),
                     "global_sequences": np.int64(sum(self.sequences(*ref) for ref in everyone))}
         s = self.samples(plan, start, start + self.batch_size)
@@ -204,7 +255,7 @@ class ShardLoader:
     def state_dict(self) -> dict:
         return {"format": STATE_FORMAT, "seed": self.seed, "epoch": self.epoch,
                 "position": self.position, "rank": self.rank, "world_size": self.world_size,
-                "split": self.split, "batch_size": self.batch_size,
+                "split": self.split, "batch_size": self.batch_size, "balance": self.balance,
                 "samples": self.dataset.num_samples, "fingerprint": self.dataset.fingerprint()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -212,15 +263,18 @@ class ShardLoader:
             raise UserError(f"loader state: unknown format {state.get('format')!r}")
         checks = [("seed", self.seed), ("rank", self.rank), ("world_size", self.world_size),
                   ("fingerprint", self.dataset.fingerprint()),
-                  ("split", self.split)]  # states without "split" are "shards" states
-        if self.split == "global_batch":  # the split's blocks are batch_size long
+                  ("split", self.split),  # states without "split" are "shards" states
+                  ("balance", self.balance)]  # ... and without "balance" unbalanced ones
+        if self.split == "global_batch" or self.balance:  # blocks of batch_size samples
             checks.append(("batch_size", self.batch_size))
+        older = {"split": "shards", "balance": False}
         for key, mine in checks:
-            got = state.get(key, "shards") if key == "split" else state.get(key)
+            got = state.get(key, older[key]) if key in older else state.get(key)
             if got != mine:
                 raise UserError(f"loader state: {key} {got!r} differs from this loader's "
                                 f"{mine!r}; exact resume needs the same shards, seed, rank, "
-                                "world size and split (and batch size for split global_batch)")
+                                "world size, split and balance (and batch size for split "
+                                "global_batch or balance)")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def close(self) -> None:

@@ -26,6 +26,8 @@ Order (a pure function of seed, epoch, rank, world size and the shards' sample c
   5. Batches are consecutive runs of `batch_size` samples of the rank's stream; they may span shard
      boundaries, so shards smaller than a batch are fine. drop_last=True (default) drops the last
      partial batch of the epoch; drop_last=False yields it, smaller.
+  6. Length-stratified data (`prep stratify` output, LAYOUT=stratified): StratifiedPlan below,
+     every rank's batch drawn from each length bin in fixed proportion.
 Random numbers come from PCG64 raw output (stable across numpy versions) and a stable argsort.
 
 Resume: the loader's `position` is the number of samples of the current epoch this rank has consumed (after the
@@ -58,17 +60,17 @@ class EpochPlan:
 
     def __init__(self, counts: np.ndarray, seed: int, epoch: int, rank: int = 0,
                  world_size: int = 1, perm_cache: int = 8, split: str = "shards",
-                 block: int = 1) -> None:
+                 block: int = 1, key: tuple[int, ...] = ()) -> None:
         if seed < 0 or epoch < 0:
             raise ValueError("seed and epoch must be non-negative")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
         if split not in SPLITS or block < 1:
             raise ValueError(f"split must be one of {SPLITS} and block >= 1")
-        self.split, self.block = split, block
+        self.split, self.block, self.key = split, block, tuple(key)
         self.counts = np.asarray(counts, dtype=np.int64)
         self.seed, self.epoch, self.rank, self.world_size = seed, epoch, rank, world_size
-        self.shard_order = permutation(len(self.counts), seed, epoch, 0)
+        self.shard_order = permutation(len(self.counts), seed, epoch, *self.key, 0)
         self.cum = offsets_from_lengths(self.counts[self.shard_order])
         total = int(self.cum[-1])
         self.length = total // world_size  # samples this rank reads in the epoch
@@ -79,7 +81,7 @@ class EpochPlan:
     def shard_permutation(self, shard: int) -> np.ndarray:
         p = self._perms.get(shard)
         if p is None:
-            p = permutation(int(self.counts[shard]), self.seed, self.epoch, 1, shard)
+            p = permutation(int(self.counts[shard]), self.seed, self.epoch, *self.key, 1, shard)
             self._perms[shard] = p
             while len(self._perms) > self._perm_cache:
                 self._perms.popitem(last=False)
@@ -94,6 +96,14 @@ class EpochPlan:
         out: list[tuple[int, np.ndarray]] = []
         for g0, g1 in self.global_ranges(start, stop, rank):
             self._refs(g0, g1, out)
+        return out
+
+    def everyone(self, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
+        """Every rank's samples at positions start..stop-1, in rank order: with
+        split="global_batch" and start..stop one batch, a global batch of the 1-rank stream."""
+        out: list[tuple[int, np.ndarray]] = []
+        for r in range(self.world_size):
+            out += self.refs(start, stop, r)
         return out
 
     def global_ranges(self, start: int, stop: int,
@@ -133,3 +143,70 @@ class EpochPlan:
     def shards(self) -> list[int]:
         """The shards this rank touches this epoch, in reading order."""
         return [s for s, _ in self.refs(0, self.length)]
+
+
+def bin_quota(bin_samples: np.ndarray, batch_size: int) -> np.ndarray:
+    """How many of a rank's `batch_size` samples come from each length bin: batch_size split in
+    proportion to the bins' sample counts, by largest remainder (ties: the lower bin)."""
+    n = np.asarray(bin_samples, dtype=np.float64)
+    if n.sum() <= 0:
+        raise ValueError("the bins hold no samples")
+    quota = batch_size * n / n.sum()
+    c = np.floor(quota).astype(np.int64)
+    c[np.argsort(-(quota - c), kind="stable")[:batch_size - int(c.sum())]] += 1
+    return c
+
+
+class StratifiedPlan:
+    """The epoch order of length-stratified data (`prep stratify`: one set of shards per length
+    bin): every rank's batch of b samples holds the same number c_k from each bin k (bin_quota).
+
+    Each bin's samples are ordered as an EpochPlan of its own shards (1 rank, permutations keyed
+    by the bin as well, so bins are shuffled independently). Global batch j takes W*c_k
+    consecutive samples of bin k's order, c_k for each rank in rank order: rank r's slot s (bin k,
+    the i-th of its c_k) is sample j*W*c_k + r*c_k + i of bin k. An epoch has as many global
+    batches as the scarcest bin allows, min_k floor(n_k / (W*c_k)); the rest of each bin (fewer
+    than W*c_k samples of the scarcest, more of the others) is not read that epoch, different ones
+    every epoch. `length` is a multiple of b: every batch is whole. Shard numbers in refs() count
+    the bins' shards one bin after another (ShardDataset.from_stratified's order)."""
+
+    def __init__(self, bin_counts: list[np.ndarray], seed: int, epoch: int, rank: int = 0,
+                 world_size: int = 1, block: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+        if block < 1:
+            raise ValueError("block >= 1")
+        self.seed, self.epoch, self.rank, self.world_size, self.block = \
+            seed, epoch, rank, world_size, block
+        self.bins = [EpochPlan(c, seed, epoch, key=(k,)) for k, c in enumerate(bin_counts)]
+        self.first_shard = offsets_from_lengths(
+            np.array([len(c) for c in bin_counts], dtype=np.int64))
+        self.quota = bin_quota([p.length for p in self.bins], block)
+        self.slots = offsets_from_lengths(self.quota)  # rank-batch slots of bin k: [slots[k], ..)
+        self.batches = min(p.length // (world_size * int(q))
+                           for p, q in zip(self.bins, self.quota) if q > 0)
+        self.length = self.batches * block
+
+    def refs(self, start: int, stop: int, rank: int | None = None) -> list[tuple[int, np.ndarray]]:
+        """This rank's (or rank `rank`'s) samples at positions start..stop-1, as (shard, rows)
+        runs in stream order."""
+        r = self.rank if rank is None else rank
+        b, w = self.block, self.world_size
+        out: list[tuple[int, np.ndarray]] = []
+        start, stop = max(0, start), min(stop, self.length)
+        for j in range(start // b, -(-stop // b)):
+            lo, hi = max(start - j * b, 0), min(stop - j * b, b)  # slots of batch j wanted
+            for k, plan in enumerate(self.bins):
+                a, z = max(lo, self.slots[k]), min(hi, self.slots[k + 1])
+                if z > a:
+                    base = j * w * self.quota[k] + r * self.quota[k] - self.slots[k]
+                    out += [(int(self.first_shard[k]) + shard, rows)
+                            for shard, rows in plan.refs(int(base + a), int(base + z))]
+        return out
+
+    def everyone(self, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
+        """Every rank's samples at positions start..stop-1, in rank order."""
+        out: list[tuple[int, np.ndarray]] = []
+        for r in range(self.world_size):
+            out += self.refs(start, stop, r)
+        return out

@@ -157,14 +157,17 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     scheduler = LinearWarmupPolyDecay(optimizer, warmup, opt.max_steps, start)
     scaler = DynamicLossScaler(init_scale=opt.init_loss_scale, device=device) \
         if cfg.train.precision == "fp16" else None
-    dataset = ShardDataset.from_folder(cfg.data.train_dir)
+    stratified = cfg.data.layout == "stratified"
+    dataset = (ShardDataset.from_stratified if stratified else ShardDataset.from_folder)(
+        cfg.data.train_dir)
     packed = cfg.data.layout == "packed"
     masks = max_masks_per_row(dataset.max_seq_length, dataset.max_seqs_per_row, dataset.max_pred,
                               cfg.data.masked_lm_prob) if packed else None
     loader = ShardLoader(dataset, cfg.train.batch_size, rank=dist.rank,
                          world_size=dist.world_size, seed=cfg.train.seed,
-                         layout=cfg.data.layout, prefetch=cfg.data.prefetch,
-                         split=cfg.data.loader_split, masks_per_row=masks)
+                         layout="varlen" if stratified else cfg.data.layout,
+                         prefetch=cfg.data.prefetch, split=cfg.data.loader_split,
+                         masks_per_row=masks, balance=cfg.data.balance)
     eval_share, eval_total = load_eval_share(cfg.data.eval_file, dist.rank, dist.world_size)
     report = rank0_printer(dist.rank)
     warn = rank0_printer(dist.rank, "warning: ")

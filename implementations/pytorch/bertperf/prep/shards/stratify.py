@@ -7,8 +7,8 @@ Writes one folder per bin (`bin_001-128/`, `bin_129-256/`, ...), each with K sha
 `part_XXXXX.h5` in the bertperf-unpadded/1 layout (attributes bin_min_length/bin_max_length added)
 and a MANIFEST.json, plus `stratify.json`: samples and tokens per bin. A sample of n tokens goes to
 the first bin whose upper edge is >= n. A sampler can then give every rank's batch the same length
-profile by drawing fixed counts from each bin (Samsung's MLPerf v1.1 local presorting;
-data_prep_facts §A4). `bertperf.data.dataset.stratified_datasets(folder)` opens the bins.
+profile by drawing fixed counts from each bin (Samsung's MLPerf v1.1 local presorting): the
+trainer does with LAYOUT=stratified (data/order.py StratifiedPlan).
 
 How (memory bounded by one input shard per worker in pass 1 and by --max_task_samples in pass 2):
   1. each input shard (workers in parallel) is read, its samples are split by bin and shuffled
