@@ -102,6 +102,15 @@ class EpochPlan:
         """Every rank's samples at positions start..stop-1, in rank order: with
         split="global_batch" and start..stop one batch, a global batch of the 1-rank stream."""
         out: list[tuple[int, np.ndarray]] = []
+        b, full = self.block, self.length // self.block
+        if self.split == "global_batch" and start % b == 0 and (
+                stop - start == b and start // b < full or
+                start == full * b and stop == self.length > start):
+            # one whole global batch: the ranks' parts follow each other in the global stream
+            g0 = self.global_ranges(start, start + 1, 0)[0][0]
+            g1 = self.global_ranges(stop - 1, stop, self.world_size - 1)[0][1]
+            self._refs(g0, g1, out)
+            return out
         for r in range(self.world_size):
             out += self.refs(start, stop, r)
         return out
