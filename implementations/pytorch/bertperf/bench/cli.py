@@ -11,6 +11,9 @@ COMMANDS = {
     "balance": ("bertperf.bench.balance",
                 "per-rank token and sum-L^2 imbalance of real global batches, before and after "
                 "data/balance.py places them"),
+    "scale": ("bertperf.bench.scale",
+              "a performance model: step time and time to train of the DGX A100 configs from 8 "
+              "to 1,024 GPUs, the dominant term at each, and the published MLPerf times"),
     "train": ("bertperf.bench.train",
               ("training speed of HF BertForPreTraining and of bertperf's switches on the same "
                "samples, and a step-time model for the GPU")),

@@ -542,19 +542,22 @@ def rows(bench: Bench, precisions: tuple[str, ...]):
 
 # ---- the model -------------------------------------------------------------------------------------
 
-def model_steps() -> dict[str, Step]:
-    """The micro-batches the model prices: 56 sequences at MLPerf's length quantiles (varlen);
-    56 rows (packed): twice as many such sequences packed first-fit decreasing, up to 3 a row,
-    the fullest 56 rows kept (MLPerf's packed data fills its rows to 99.7 %)."""
-    lengths = sorted(mlperf_lengths(2 * MODEL_BATCH).tolist(), reverse=True)
+def model_steps(batch: int = MODEL_BATCH) -> dict[str, Step]:
+    """The micro-batches the model prices: `batch` sequences at MLPerf's length quantiles
+    (varlen); `batch` rows (packed): twice max(batch, 56) such sequences packed first-fit
+    decreasing, up to 3 a row, the fullest max(batch, 56) rows kept (MLPerf's packed data fills
+    its rows to 99.7 %) and `batch` of them taken evenly spaced (all of them at 56)."""
+    pool = max(batch, MODEL_BATCH)
+    lengths = sorted(mlperf_lengths(2 * pool).tolist(), reverse=True)
     rows: list[list[int]] = []
     for n in lengths:
         row = next((r for r in rows if sum(r) + n <= 512 and len(r) < MAX_SEQS_PER_ROW), None)
         if row is None:
             rows.append(row := [])
         row.append(n)
-    rows = sorted(rows, key=sum, reverse=True)[:MODEL_BATCH]
-    return {"varlen": Step(samples_of_lengths(mlperf_lengths(MODEL_BATCH)), None),
+    kept = sorted(rows, key=sum, reverse=True)[:pool]
+    rows = [kept[int((i + 0.5) * len(kept) / batch)] for i in range(batch)]
+    return {"varlen": Step(samples_of_lengths(mlperf_lengths(batch)), None),
             "packed": Step(samples_of_lengths(np.array([n for r in rows for n in r])),
                            np.array([len(r) for r in rows]))}
 

@@ -1,0 +1,595 @@
+"""`python -m bertperf bench scale`: a performance model of the trainer on DGX A100 clusters (a
+model, not a measurement). From a single-GPU step time and the real gradient messages it predicts
+the step time and the time to train of each config_DGXA100_*.sh, names the term that dominates
+the step, and puts the published MLPerf times beside them.
+
+A step on every GPU, with b sequences (LAYOUT=packed: rows) a micro-batch and g micro-batches:
+
+  compute    g micro-steps (forward + backward + gradient accumulation) at b on one A100:
+             bench/roofline.py's price of the trainer's traced bf16 step (varlen or packed, with
+             bertperf.kernels' Triton kernels, as it runs on CUDA), or a measured time
+             (--step-ms B=MS)
+  all-reduce the gradients in DDP's buckets: the model's parameters (BERT-large, built on the
+             meta device) in gradient-ready order (the reverse of their definition), cut by
+             torch's own bucket assignment with DDP's limits (1 MiB first, then 25 MiB), each
+             parameter at the gradient's size (--grad-dtype, default the parameters' float32).
+             Each bucket is one all-reduce (below); the buckets but the last overlap the last
+             micro-step's backward (at most --overlap of its time), the last bucket (the
+             embeddings, whose gradient is ready last) never does
+  optimizer  one LAMB step over all parameters on every GPU (roofline's price of FlatLamb's
+             kernels), or --optimizer-ms
+  evals      every eval interval (MLPerf's formula of the global batch) each GPU runs the forward
+             pass over its share of the 10,000 eval samples: a third of a micro-step (backward =
+             2 x forward, bench/flops.py) per b of them; spread over the steps in the table
+  data       not on the step's path: the loader builds batches ahead on a thread (PREFETCH)
+
+All-reduce of M bytes over p GPUs, latency alpha a step and bandwidth B a GPU and direction:
+
+  ring   2 (p-1) alpha + 2 (p-1)/p M / B        (reduce-scatter then all-gather)
+  tree   2 ceil(log2 p) alpha + 2 M / B          (pipelined double binary tree, NCCL)
+  auto   (default) the faster of the two for each bucket, as NCCL's tuner picks by its model
+  hierarchical (default), nodes of G GPUs on NVSwitch, N nodes on InfiniBand:
+         reduce-scatter in the node   (G-1) a_nvl + (G-1)/G M / B_nvl
+         all-reduce across the nodes  ring or tree of M/G bytes, each GPU on its share of the
+                                      node's NICs (8 x 200 Gb/s = 25 GB/s a GPU)
+         all-gather in the node       as the reduce-scatter
+  flat   one ring or tree over all N G GPUs, every step at a GPU's share of the NICs
+One node: the ring or tree over its G GPUs on NVSwitch. These are NCCL's own cost model's terms
+(src/graph/tuning.cc: a ring all-reduce takes 2 (nRanks-1) steps, 2 (nNodes-1) of them on the
+network; a tree 2 (log2 nNodes) network hops; their algorithm bandwidths busBw nRanks/(2 (nRanks-
+1)) and busBw/2), whose per-step latencies are the defaults: 3.4 us on NVLink, 9.6 us on the
+network (hwLat, ring, Simple protocol: the one for large messages).
+
+Time to train = S / GBS steps x the step + S / interval evals, S the samples to converge: the
+mean of MLPerf's reference convergence points for the config's global batch (ruleset 5.0.0,
+mlperf/rcp.py), or for a published run the mean samples its logs trained. Not modelled: the
+time between run_start and the first step, NCCL's kernels slowing the compute they overlap,
+the spread of work across ranks (BALANCE), stragglers, SHARP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+
+from bertperf.benchmark import EVAL_SAMPLES
+from bertperf.config import reference_eval_interval
+from bertperf.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[4]
+"""The repository root, where the config_*.sh files are."""
+CONFIGS = "config_DGXA100_*x*.sh"
+GPU = "A100 80GB SXM"
+"""The roofline GPU (bench/roofline.py's GPUS) the compute is priced on."""
+
+NVLINK_GBPS = 300.0
+"""NVSwitch bandwidth a GPU and direction, busbw-equivalent, GB/s: third-generation NVLink gives an
+A100 600 GB/s in all (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020: six NVSwitches,
+GPU-to-GPU 600 GB/s). NCCL's own model caps an A100's busBw at 235 (tuning.cc)."""
+NIC_GBIT = 200.0
+NICS_PER_NODE = 8
+"""DGX A100: eight single-port ConnectX-6 HDR InfiniBand adapters at 200 Gb/s, one a GPU, for the
+compute fabric (NVIDIA, "Defining AI Innovation with NVIDIA DGX A100", developer.nvidia.com
+blog, 2020)."""
+ALPHA_NVLINK_US, ALPHA_NET_US = 3.4, 9.6
+"""Per-step latency of a ring all-reduce on NVLink and on the network, microseconds (NCCL
+src/graph/tuning.cc hwLat, Ring/Simple; NVIDIA/nccl at 01afd20)."""
+
+
+@dataclass(frozen=True)
+class Network:
+    gpus_per_node: int
+    nvlink: float
+    """NVSwitch bandwidth a GPU and direction, bytes/s (busbw-equivalent)."""
+    nic: float
+    """One NIC's bandwidth a direction, bytes/s."""
+    nics_per_node: int
+    alpha_nvlink: float
+    """Seconds a step on NVLink."""
+    alpha_net: float
+    """Seconds a step on the network."""
+    algorithm: str = "auto"
+    """ring, tree or auto (the faster of the two for each all-reduce): the all-reduce across the
+    nodes (flat: over all GPUs; one node: in it)."""
+    topology: str = "hierarchical"
+    """hierarchical (reduce-scatter in the node, all-reduce across nodes, all-gather in the node)
+    or flat (one all-reduce over every GPU at its share of the NICs)."""
+
+    @property
+    def nic_per_gpu(self) -> float:
+        return self.nics_per_node * self.nic / self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Seconds an all-reduce spends on each fabric."""
+
+    nvlink: float = 0.0
+    network: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.nvlink + self.network
+
+    def __add__(self, other: Comm) -> Comm:
+        return Comm(self.nvlink + other.nvlink, self.network + other.network)
+
+    def scaled(self, factor: float) -> Comm:
+        return Comm(self.nvlink * factor, self.network * factor)
+
+
+def ring_allreduce(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
+    """2 (p-1) alpha + 2 (p-1)/p M / B."""
+    if ranks < 2:
+        return 0.0
+    return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * nbytes / bandwidth
+
+
+def tree_allreduce(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
+    """2 ceil(log2 p) alpha + 2 M / B."""
+    if ranks < 2:
+        return 0.0
+    return 2 * math.ceil(math.log2(ranks)) * alpha + 2 * nbytes / bandwidth
+
+
+def reduce_scatter(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
+    """(p-1) alpha + (p-1)/p M / B (an all-gather takes the same)."""
+    if ranks < 2:
+        return 0.0
+    return (ranks - 1) * alpha + (ranks - 1) / ranks * nbytes / bandwidth
+
+
+ALGORITHMS = {"ring": ring_allreduce, "tree": tree_allreduce}
+CHOICES = (*ALGORITHMS, "auto")
+TOPOLOGIES = ("hierarchical", "flat")
+
+
+def allreduce(nbytes: float, nodes: int, net: Network) -> Comm:
+    """One all-reduce of `nbytes` on every GPU of `nodes` nodes (module docstring); algorithm
+    auto: the faster of ring and tree, as NCCL's tuner picks one for each call by its model."""
+    if net.algorithm == "auto":
+        return min((allreduce(nbytes, nodes, replace(net, algorithm=a)) for a in ALGORITHMS),
+                   key=lambda c: c.total)
+    algo, g = ALGORITHMS[net.algorithm], net.gpus_per_node
+    if nodes == 1:
+        return Comm(nvlink=algo(nbytes, g, net.nvlink, net.alpha_nvlink))
+    if net.topology == "flat":
+        return Comm(network=algo(nbytes, nodes * g, net.nic_per_gpu, net.alpha_net))
+    in_node = 2 * reduce_scatter(nbytes, g, net.nvlink, net.alpha_nvlink)
+    return Comm(nvlink=in_node, network=algo(nbytes / g, nodes, net.nic_per_gpu, net.alpha_net))
+
+
+# ---- the model's parts from the model itself ---------------------------------------------------
+
+@cache
+def parameters():
+    """BERT-large's parameters (meta tensors: shapes and dtypes, no memory), in definition order,
+    and the number of them in its embeddings."""
+    import torch
+
+    from bertperf.model import BertConfig, BertForPreTraining
+
+    with torch.device("meta"):
+        model = BertForPreTraining(BertConfig.large())
+    params = [p for p in model.parameters() if p.requires_grad]
+    return params, sum(p.numel() for p in model.bert.embeddings.parameters())
+
+
+def gradient_buckets(dtype=None) -> list[int]:
+    """Bytes of each of DDP's gradient buckets in the order they are all-reduced (gradient-ready
+    order: the parameters' reverse), by torch's own bucket assignment with DDP's limits; each
+    gradient in `dtype` (default: its parameter's)."""
+    import torch.distributed as dist
+    from torch.nn.parallel.distributed import _DEFAULT_BUCKET_CAP_MB
+
+    params, _ = parameters()
+    grads = [p if dtype is None else p.to(dtype) for p in reversed(params)]
+    indices, _ = dist._compute_bucket_assignment_by_size(
+        grads, [dist._DEFAULT_FIRST_BUCKET_BYTES, _DEFAULT_BUCKET_CAP_MB * 2 ** 20],
+        [False] * len(grads))
+    return [sum(grads[i].numel() * grads[i].element_size() for i in bucket) for bucket in indices]
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One GPU's work a step at a local batch, in seconds."""
+
+    micro_step: float
+    """Forward, backward and gradient accumulation of one micro-batch."""
+    backward: float
+    """The part of it the all-reduce can overlap (backward and accumulation)."""
+    optimizer: float
+    source: str
+
+
+@cache
+def modelled(batch: int, packed: bool) -> Compute:
+    """roofline's price on the A100 of the trainer's traced step at this micro-batch (bench
+    train's model: bf16, Triton kernels, FlatLamb)."""
+    from bertperf.bench import roofline, train
+    from bertperf.model import BertConfig
+
+    config = BertConfig.large()
+    layout = "packed" if packed else "varlen"
+    trace, segments, _ = train.trace_step(config, train.model_steps(batch)[layout], packed, True)
+    ops = roofline.flash_attention(trace.ops, segments, config.hidden_size,
+                                   config.num_attention_heads)
+    gpu = next(g for g in roofline.GPUS if g.name == GPU)
+
+    def seconds(*phases: str) -> float:
+        return roofline.step_cost([op for op in ops if op.phase in phases], gpu).seconds
+
+    return Compute(seconds("forward", "backward", "accumulate"),
+                   seconds("backward", "accumulate"), seconds("optimizer"),
+                   f"{layout} model")
+
+
+# ---- runs ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Run:
+    """A run's shape and how many samples it trains."""
+
+    label: str
+    nodes: int
+    gpus_per_node: int
+    batch: int
+    """Sequences (packed: rows) a micro-batch on a GPU."""
+    accumulation: int
+    packed: bool
+    packing_factor: float
+    samples: float
+    """Samples to converge (a mean)."""
+    samples_source: str
+    eval_interval: int
+    published: Published | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences a step as MLPerf counts them (packed rows x the packing factor)."""
+        rows = self.gpus * self.batch * self.accumulation
+        return round(rows * self.packing_factor) if self.packed else rows
+
+    @property
+    def sequences_per_micro_batch(self) -> float:
+        return self.batch * (self.packing_factor if self.packed else 1)
+
+
+@dataclass(frozen=True)
+class Published:
+    """An MLPerf result: olympic mean of its 10 runs and their mean samples trained, recomputed
+    from the result logs (../shared/docs/nvidia_mlperf_bert_facts.md §6, §8.2-8.3)."""
+
+    label: str
+    logs: str
+    """mlcommons/training_results_<round>:<folder of result_*.txt>."""
+    division: str
+    nodes: int
+    batch: int
+    packed: bool
+    global_batch: int
+    minutes: float
+    samples: int
+    eval_interval: int
+
+
+PUBLISHED = (
+    Published("v2.0 NVIDIA 1xDGX A100", "v2.0:NVIDIA/results/dgxa100_ngc22.04_pytorch",
+              "closed", 1, 56, False, 448, 18.442, 2_643_110, 150_000),
+    Published("v2.0 NVIDIA 8xDGX A100", "v2.0:NVIDIA/results/dgxa100_n8_ngc22.04_pytorch",
+              "closed", 8, 48, False, 3072, 2.942, 3_207_168, 175_000),
+    Published("v2.0 NVIDIA 128xDGX A100", "v2.0:NVIDIA/results/dgxa100_n128_ngc22.04_pytorch",
+              "closed", 128, 2, True, 4096, 0.421, 2_786_616, 175_000),
+    Published("v1.1 Samsung 128xDGX A100",
+              "v1.1:Samsung/results/samsung_supercomputer21_dgxa100_n128_pytorch",
+              "open", 128, 16, False, 16384, 0.418, 3_096_576, 325_000),
+    Published("v2.0 Samsung 128xDGX A100",
+              "v2.0:Samsung/results/samsung_supercomputer21_dgxa100_n128_pytorch",
+              "open", 128, 16, False, 16384, 0.372, 2_932_736, 325_000),
+)
+"""NVIDIA's packed 1,024-GPU run: 2 rows a GPU counted as 2 sequences each (its
+--average_packing_rate); Samsung's runs: Adam, not LAMB (open division), eval every 325,000
+samples (their config); the others MLPerf's cadence."""
+
+
+def read_config(path: Path) -> dict[str, str]:
+    """The variables a config file exports, sourced by bash in an empty environment."""
+    try:
+        out = subprocess.run(["bash", "-c", 'set -a; source "$0" >/dev/null; env -0', str(path)],
+                             capture_output=True, env={"PATH": "/usr/bin:/bin"}, check=True)
+    except subprocess.CalledProcessError as exc:
+        raise UserError(f"{path}: sourcing it failed: "
+                        f"{exc.stderr.decode(errors='replace').strip()[-200:]}") from None
+    return dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+
+
+def config_run(path: Path) -> Run:
+    """A config file's run, converging in the mean samples of the RCP row of its global batch."""
+    from bertperf.mlperf.rcp import point_for
+
+    env = read_config(path)
+    if "DGX A100" not in env.get("SUBMISSION_PLATFORM", ""):
+        raise UserError(f"{path}: not a DGX A100 config (SUBMISSION_PLATFORM="
+                        f"{env.get('SUBMISSION_PLATFORM')!r}): the model prices A100s")
+
+    def number(name: str, conv=int, default: str | None = None):
+        text = env.get(name, default)
+        try:
+            return conv(text)
+        except (TypeError, ValueError):
+            raise UserError(f"{path}: {name}={text!r} is not a number") from None
+
+    packed = env.get("LAYOUT") == "packed"
+    shape = Run(path.name, number("DGXNNODES"), number("DGXNGPU"), number("BATCHSIZE"),
+                number("GRADIENT_STEPS", int, "1"), packed,
+                number("PACKING_FACTOR", float, "2") if packed else 1.0,
+                samples=0, samples_source="", eval_interval=0)
+    gbs = shape.global_batch
+    point = point_for(gbs)
+    if point is None:
+        raise UserError(f"{path}: global batch {gbs} is not a BERT RCP row, so its samples to "
+                        "converge are unknown")
+    published = next((p for p in PUBLISHED if p.division == "closed" and p.nodes == shape.nodes
+                      and p.batch == shape.batch and p.global_batch == gbs), None)
+    return replace(shape, samples=sum(point.samples_to_converge) / len(point.samples_to_converge),
+                   samples_source=f"RCP {gbs}", published=published,
+                   eval_interval=number("EVAL_ITER_SAMPLES", int,
+                                        str(reference_eval_interval(gbs))))
+
+
+def published_run(p: Published, gpus_per_node: int = 8) -> Run:
+    return Run(f"{p.label} ({p.division}; {p.nodes}x{gpus_per_node}x{p.batch}x1"
+               f"{' packed' if p.packed else ''})", p.nodes, gpus_per_node, p.batch, 1, p.packed,
+               2.0 if p.packed else 1.0, p.samples, "its logs", p.eval_interval, p)
+
+
+# ---- the prediction ------------------------------------------------------------------------------
+
+TERMS = ("compute", "optimizer", "all-reduce NVLink", "all-reduce InfiniBand", "evals")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    run: Run
+    compute: Compute
+    comm: Comm
+    """The step's all-reduces, all of them."""
+    exposed: Comm
+    """The part not hidden under backward."""
+    eval_seconds: float
+    """One eval."""
+
+    @property
+    def steps(self) -> float:
+        return self.run.samples / self.run.global_batch
+
+    @property
+    def evals(self) -> float:
+        return self.run.samples / self.run.eval_interval
+
+    @property
+    def terms(self) -> dict[str, float]:
+        """Seconds a step of each term (evals spread over the steps)."""
+        return dict(zip(TERMS, (self.run.accumulation * self.compute.micro_step,
+                                self.compute.optimizer, self.exposed.nvlink, self.exposed.network,
+                                self.evals * self.eval_seconds / self.steps)))
+
+    @property
+    def step_seconds(self) -> float:
+        """A training step, evals not counted."""
+        terms = self.terms
+        return sum(terms.values()) - terms["evals"]
+
+    @property
+    def seconds_to_train(self) -> float:
+        return self.steps * self.step_seconds + self.evals * self.eval_seconds
+
+    @property
+    def dominant(self) -> str:
+        terms = self.terms
+        return max(terms, key=terms.get)
+
+
+def predict(run: Run, compute: Compute, buckets: list[int], net: Network,
+            overlap: float) -> Prediction:
+    """The run's step and time to train (module docstring)."""
+    net = replace(net, gpus_per_node=run.gpus_per_node)
+    *early, last = [allreduce(b, run.nodes, net) for b in buckets]
+    rest = sum(early, Comm())
+    hidden = min(rest.total, overlap * compute.backward)
+    exposed = last + (rest.scaled(1 - hidden / rest.total) if rest.total else rest)
+    shares = math.ceil(math.ceil(EVAL_SAMPLES / run.gpus) / run.sequences_per_micro_batch)
+    return Prediction(run, compute, rest + last, exposed, shares * compute.micro_step / 3)
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise UserError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--configs", nargs="+", type=Path,
+                   help=f"config files to model (default: the repository's {CONFIGS})")
+    p.add_argument("--step-ms", action="append", default=[], metavar="B=MS",
+                   help="a measured micro-step (forward + backward) on one A100 at local batch B, "
+                        "milliseconds, instead of the model's for the varlen runs of that "
+                        "batch (repeatable)")
+    p.add_argument("--optimizer-ms", help="a measured LAMB step on one A100, milliseconds "
+                                          "(default: the model's)")
+    p.add_argument("--nvlink-gbps", default=str(NVLINK_GBPS),
+                   help=f"NVSwitch bandwidth a GPU and direction, GB/s (default {NVLINK_GBPS:g})")
+    p.add_argument("--nic-gbit", default=str(NIC_GBIT),
+                   help=f"one InfiniBand NIC, Gb/s a direction (default {NIC_GBIT:g}, HDR)")
+    p.add_argument("--nics-per-node", default=str(NICS_PER_NODE),
+                   help=f"NICs a node (default {NICS_PER_NODE})")
+    p.add_argument("--alpha-nvlink-us", default=str(ALPHA_NVLINK_US),
+                   help=f"latency a step on NVLink, us (default {ALPHA_NVLINK_US:g})")
+    p.add_argument("--alpha-ib-us", default=str(ALPHA_NET_US),
+                   help=f"latency a step on InfiniBand, us (default {ALPHA_NET_US:g})")
+    p.add_argument("--algorithm", default="auto",
+                   help="ring, tree or auto: the faster of the two for each all-reduce, as "
+                        "NCCL's tuner picks (default auto)")
+    p.add_argument("--topology", default="hierarchical",
+                   help="hierarchical or flat (default hierarchical)")
+    p.add_argument("--overlap", default="1.0",
+                   help="fraction of the backward pass the all-reduce of the buckets but the "
+                        "last can hide under, 0..1 (default 1: DDP launches each bucket as its "
+                        "gradients are ready)")
+    p.add_argument("--grad-dtype", default=None,
+                   help="dtype of the all-reduced gradients: float32, bfloat16 or float16 "
+                        "(default: the parameters', float32)")
+
+
+def _measured(args: argparse.Namespace) -> dict[int, float]:
+    out = {}
+    for item in args.step_ms:
+        batch, sep, ms = item.partition("=")
+        if not sep or not batch.isdigit() or int(batch) < 1:
+            raise UserError(f"--step-ms {item!r}: expected B=MS (a local batch, milliseconds)")
+        try:
+            out[int(batch)] = _positive(ms) / 1e3
+        except UserError as exc:
+            raise UserError(f"--step-ms {item!r}: {exc}") from None
+    return out
+
+
+def _flag(name: str, text: str) -> float:
+    try:
+        return _positive(text)
+    except UserError as exc:
+        raise UserError(f"--{name}: {exc}") from None
+
+
+def network(args: argparse.Namespace, gpus_per_node: int = 8) -> Network:
+    if args.algorithm not in CHOICES:
+        raise UserError(f"--algorithm {args.algorithm!r}: expected one of {', '.join(CHOICES)}")
+    if args.topology not in TOPOLOGIES:
+        raise UserError(f"--topology {args.topology!r}: expected one of {', '.join(TOPOLOGIES)}")
+    nics = _flag("nics-per-node", args.nics_per_node)
+    if nics != int(nics):
+        raise UserError(f"--nics-per-node: expected a whole number, got {args.nics_per_node!r}")
+    return Network(gpus_per_node, _flag("nvlink-gbps", args.nvlink_gbps) * 1e9,
+                   _flag("nic-gbit", args.nic_gbit) * 1e9 / 8, int(nics),
+                   _flag("alpha-nvlink-us", args.alpha_nvlink_us) * 1e-6,
+                   _flag("alpha-ib-us", args.alpha_ib_us) * 1e-6, args.algorithm, args.topology)
+
+
+def _overlap(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise UserError(f"--overlap {text!r}: expected a fraction between 0 and 1")
+    return value
+
+
+def _dtype(name: str | None):
+    import torch
+
+    if name is None:
+        return None
+    if name not in ("float32", "bfloat16", "float16"):
+        raise UserError(f"--grad-dtype {name!r}: expected float32, bfloat16 or float16")
+    return getattr(torch, name)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def runs(args: argparse.Namespace) -> list[Run]:
+    paths = args.configs or sorted(ROOT.glob(CONFIGS))
+    if not paths:
+        raise UserError(f"no {CONFIGS} in {ROOT}: name the config files with --configs")
+    for path in paths:
+        if not path.is_file():
+            raise UserError(f"{path}: no such config file")
+    ours = sorted((config_run(p) for p in paths), key=lambda r: (r.gpus, r.global_batch))
+    return ours + [published_run(p) for p in PUBLISHED]
+
+
+def run(args: argparse.Namespace) -> int:
+    measured, net, overlap = _measured(args), network(args), _overlap(args.overlap)
+    dtype = _dtype(args.grad_dtype)
+    optimizer_ms = None if args.optimizer_ms is None else _flag("optimizer-ms", args.optimizer_ms)
+    todo = runs(args)
+    buckets = gradient_buckets(dtype)
+    params, embedding = parameters()
+    grad_dtype = args.grad_dtype or str(params[0].dtype).removeprefix("torch.")
+
+    def compute(r: Run) -> Compute:
+        if r.batch in measured and not r.packed:
+            ms = measured[r.batch]
+            optimizer = optimizer_ms / 1e3 if optimizer_ms else modelled(1, False).optimizer
+            return Compute(ms, 2 * ms / 3, optimizer, "measured")
+        model = modelled(r.batch, r.packed)
+        if optimizer_ms:
+            return Compute(model.micro_step, model.backward, optimizer_ms / 1e3, model.source)
+        return model
+
+    predictions = [predict(r, compute(r), buckets, net, overlap) for r in todo]
+    command = " ".join(["python -m bertperf", *sys.argv[1:]])
+    print(f"SCALE MODEL (a model, not a measurement): `{command}`, {datetime.date.today()}, "
+          f"computed on {platform.machine()} {platform.system()}")
+    print(f"gradients: BERT-large's {sum(p.numel() for p in params):,} parameters in {grad_dtype} "
+          f"= {sum(buckets) / 1e9:.3f} GB in {len(buckets)} DDP buckets of "
+          f"{min(buckets) / 2**20:.1f}-{max(buckets) / 2**20:.1f} MiB (the last: the "
+          f"embeddings, {embedding:,} parameters, never overlapped); overlap {overlap:g} of the "
+          f"backward")
+    print(f"network: {net.topology} {net.algorithm}; DGX A100 nodes of {net.gpus_per_node} GPUs, "
+          f"NVSwitch {net.nvlink / 1e9:g} GB/s a GPU (alpha {net.alpha_nvlink * 1e6:g} us), "
+          f"{net.nics_per_node} x {net.nic * 8 / 1e9:g} Gb/s InfiniBand a node = "
+          f"{net.nic_per_gpu / 1e9:g} GB/s a GPU (alpha {net.alpha_net * 1e6:g} us)")
+    print(f"compute: one {GPU}, bench/roofline.py's price of the trainer's bf16 step (Triton "
+          "kernels, FlatLamb), or measured (--step-ms)")
+    print("| config | GPUs | global batch | samples to converge | steps | compute ms | "
+          "optimizer ms | all-reduce ms exposed (NVLink + IB) / total | step ms | evals | "
+          "predicted time to train | published | predicted / published | dominant term |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for p in predictions:
+        r, t = p.run, p.terms
+        if r.published is None:
+            published, ratio = "none at this GPU count and batch", "-"
+        else:
+            seconds = r.published.minutes * 60
+            published = f"{_duration(seconds)} ({r.published.logs})"
+            ratio = f"{p.seconds_to_train / seconds:.2f}"
+        print(f"| {r.label} | {r.gpus:,} | {r.global_batch:,} | {r.samples:,.0f} "
+              f"({r.samples_source}) | {p.steps:,.0f} | {t['compute'] * 1e3:.1f} "
+              f"({p.compute.source}) | {t['optimizer'] * 1e3:.1f} | "
+              f"{p.exposed.total * 1e3:.1f} ({p.exposed.nvlink * 1e3:.1f} + "
+              f"{p.exposed.network * 1e3:.1f}) / {p.comm.total * 1e3:.1f} | "
+              f"{p.step_seconds * 1e3:.1f} | {p.evals:.1f} x {p.eval_seconds * 1e3:.0f} ms | "
+              f"{_duration(p.seconds_to_train)} | {published} | {ratio} | {p.dominant} |")
+    print(f"\nall-reduce of the {len(buckets)} buckets, ms a step (none hidden), by topology and "
+          "algorithm:")
+    nodes = sorted({r.nodes for r in todo})
+    print("| topology, algorithm | " + " | ".join(f"{n * net.gpus_per_node:,} GPUs" for n in nodes)
+          + " |")
+    print("|---|" + "---|" * len(nodes))
+    for topology in TOPOLOGIES:
+        for algorithm in ALGORITHMS:
+            other = replace(net, algorithm=algorithm, topology=topology)
+            cells = [sum((allreduce(b, n, other) for b in buckets), Comm()).total * 1e3
+                     for n in nodes]
+            print(f"| {topology}, {algorithm} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    return 0

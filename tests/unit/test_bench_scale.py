@@ -1,0 +1,151 @@
+"""bench scale's performance model: the all-reduce formulas on known inputs, hierarchical against
+flat, the gradient messages against the model's parameters, the dominant term moving from the
+compute to the network as the GPUs grow at a fixed local batch, time to train from its steps and
+evals, a config file's run, and the command (its table, its one-line errors). CPU only, nothing
+traced: the compute is given."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bertperf.__main__ import main
+from bertperf.bench import scale
+
+ROOT = Path(__file__).resolve().parents[2]
+NET = scale.Network(gpus_per_node=8, nvlink=300e9, nic=25e9, nics_per_node=8,
+                    alpha_nvlink=3.4e-6, alpha_net=9.6e-6, algorithm="ring",
+                    topology="hierarchical")
+
+
+def run_of(nodes: int, batch: int = 16, samples: float = 3e6, interval: int = 175_000):
+    return scale.Run("test", nodes, 8, batch, 1, False, 1.0, samples, "test", interval)
+
+
+def test_ring_and_tree_formulas_on_known_inputs():
+    # 8 GB over 8 ranks at 100 GB/s, 1 us a step
+    assert scale.ring_allreduce(8e9, 8, 100e9, 1e-6) == pytest.approx(14e-6 + 2 * 7 / 8 * 0.08)
+    assert scale.tree_allreduce(8e9, 8, 100e9, 1e-6) == pytest.approx(6e-6 + 0.16)
+    assert scale.reduce_scatter(8e9, 8, 100e9, 1e-6) == pytest.approx(7e-6 + 7 / 8 * 0.08)
+    assert scale.tree_allreduce(1.0, 1000, 1e12, 1e-6) == pytest.approx(20e-6, rel=1e-3)
+    for f in (scale.ring_allreduce, scale.tree_allreduce, scale.reduce_scatter):
+        assert f(8e9, 1, 100e9, 1e-6) == 0.0
+
+
+def test_hierarchical_against_flat():
+    m = 1e9
+    one = scale.allreduce(m, 1, NET)
+    assert one == scale.allreduce(m, 1, replace(NET, topology="flat"))
+    assert one.network == 0 and one.nvlink == pytest.approx(scale.ring_allreduce(m, 8, 300e9,
+                                                                                 3.4e-6))
+    hier = scale.allreduce(m, 128, NET)
+    assert hier.nvlink == pytest.approx(2 * scale.reduce_scatter(m, 8, 300e9, 3.4e-6))
+    assert hier.network == pytest.approx(scale.ring_allreduce(m / 8, 128, 25e9, 9.6e-6))
+    flat = scale.allreduce(m, 128, replace(NET, topology="flat"))
+    assert flat.nvlink == 0
+    assert flat.network == pytest.approx(scale.ring_allreduce(m, 1024, 25e9, 9.6e-6))
+    assert flat.total > 3 * hier.total  # 8x the bytes and 8x the steps on the network
+    # auto: the faster of ring and tree for each message
+    tiny, big = 4e6, 1e9
+    for nbytes, nodes in ((tiny, 128), (big, 1), (big, 128)):
+        auto = scale.allreduce(nbytes, nodes, replace(NET, algorithm="auto")).total
+        both = [scale.allreduce(nbytes, nodes, replace(NET, algorithm=a)).total
+                for a in ("ring", "tree")]
+        assert auto == min(both)
+    assert scale.allreduce(tiny, 128, replace(NET, algorithm="tree")).total < \
+        scale.allreduce(tiny, 128, NET).total  # latency-bound: the tree's log steps win
+
+
+def test_messages_are_the_model_parameters_bytes():
+    import torch
+
+    from bertperf.model import BertConfig, BertForPreTraining
+
+    with torch.device("meta"):
+        model = BertForPreTraining(BertConfig.large())
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    embeddings = sum(p.numel() * p.element_size() for p in model.bert.embeddings.parameters())
+    buckets = scale.gradient_buckets()
+    assert sum(buckets) == nbytes > 1.3e9  # BERT-large in float32
+    assert sum(scale.gradient_buckets(torch.bfloat16)) == nbytes // 2
+    assert buckets[0] <= 2 * 2 ** 20 + nbytes // len(buckets)  # DDP's small first bucket
+    assert buckets[-1] >= embeddings  # ready last: the embeddings
+    assert len(buckets) == pytest.approx(nbytes / (25 * 2 ** 20), rel=0.4)
+
+
+def test_dominant_term_moves_from_compute_to_the_network_as_gpus_grow():
+    buckets = scale.gradient_buckets()
+    compute = scale.Compute(micro_step=0.010, backward=0.0067, optimizer=0.001, source="given")
+    small = scale.predict(run_of(1), compute, buckets, NET, overlap=0.0)
+    large = scale.predict(run_of(128), compute, buckets, NET, overlap=0.0)
+    assert small.dominant == "compute" and small.exposed.network == 0
+    assert large.dominant == "all-reduce InfiniBand"
+    assert large.step_seconds > small.step_seconds
+    # with a long backward, everything but the last bucket hides under it
+    long = replace(compute, micro_step=1.0, backward=0.7)
+    hidden = scale.predict(run_of(128), long, buckets, NET, overlap=1.0)
+    assert hidden.exposed.total == pytest.approx(scale.allreduce(buckets[-1], 128, NET).total)
+    assert hidden.comm.total == pytest.approx(
+        sum(scale.allreduce(b, 128, NET).total for b in buckets))
+    half = scale.predict(run_of(128), compute, buckets, NET, overlap=0.5)
+    assert half.exposed.total == pytest.approx(large.exposed.total - 0.5 * compute.backward)
+
+
+def test_time_to_train_is_steps_times_the_step_plus_evals():
+    buckets = scale.gradient_buckets()
+    compute = scale.Compute(0.1, 0.06, 0.01, "given")
+    p = scale.predict(run_of(8, batch=48, samples=3_000_000), compute, buckets, NET, 1.0)
+    assert p.run.global_batch == 3072
+    assert p.steps == pytest.approx(3_000_000 / 3072)
+    assert p.evals == pytest.approx(3_000_000 / 175_000)
+    # an eval: each GPU's ceil(10,000 / 64) = 157 samples, 4 micro-batches of 48, a third each
+    assert p.eval_seconds == pytest.approx(4 * 0.1 / 3)
+    assert p.seconds_to_train == pytest.approx(p.steps * p.step_seconds
+                                               + p.evals * p.eval_seconds)
+    assert p.step_seconds == pytest.approx(0.1 + 0.01 + p.exposed.total)
+
+
+def test_a_config_file_run():
+    run = scale.config_run(ROOT / "config_DGXA100_8x8x48x1.sh")
+    assert (run.gpus, run.batch, run.global_batch, run.eval_interval) == (64, 48, 3072, 175_000)
+    assert run.samples == pytest.approx(2_768_215, rel=1e-3)  # the RCP row's mean
+    assert run.published is not None and run.published.minutes == 2.942
+    assert scale.config_run(ROOT / "config_DGXA100_16x8x36x1.sh").published is None
+
+
+@pytest.fixture
+def given_compute(monkeypatch):
+    def modelled(batch, packed):
+        return scale.Compute(0.003 * batch, 0.002 * batch, 0.0126, "given")
+    monkeypatch.setattr(scale, "modelled", modelled)
+
+
+def test_cli_prints_the_table(given_compute, capsys):
+    assert main(["bench", "scale", "--step-ms", "56=150", "--optimizer-ms", "12"]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| config")]
+    assert table and "dominant term" in table[0] and "published" in table[0]
+    configs = sorted(ROOT.glob("config_DGXA100_*x*.sh"))
+    for path in configs:
+        row = next(line for line in out.splitlines() if line.startswith(f"| {path.name} "))
+        assert row.rstrip().removesuffix(" |").rsplit("| ", 1)[1] in scale.TERMS
+    row = next(line for line in out.splitlines() if "config_DGXA100_1x8x56x1.sh" in line)
+    assert "150.0 (measured)" in row and "12.0 |" in row and "18.4 min" in row
+    for published in scale.PUBLISHED:
+        assert published.label in out and published.logs in out
+    assert "| hierarchical, ring |" in out and "| flat, tree |" in out
+
+
+@pytest.mark.parametrize("flags", [
+    ["--overlap", "1.5"], ["--step-ms", "56"], ["--step-ms", "x=3"], ["--step-ms", "56=-1"],
+    ["--algorithm", "star"], ["--topology", "torus"], ["--nvlink-gbps", "-3"],
+    ["--nics-per-node", "2.5"], ["--grad-dtype", "int8"], ["--configs", "no_such_config.sh"],
+    ["--configs", str(ROOT / "config_DGXH100_1x1x56x4_pack.sh")],
+])
+def test_cli_rejects_bad_flags_with_one_line(given_compute, capsys, flags):
+    assert main(["bench", "scale", *flags]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("bertperf: error: ")
+    assert flags[0] in err or flags[1] in err
