@@ -149,3 +149,14 @@ def test_cli_rejects_bad_flags_with_one_line(given_compute, capsys, flags):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("bertperf: error: ")
     assert flags[0] in err or flags[1] in err
+
+
+@pytest.mark.slow
+def test_the_modelled_compute_comes_from_the_traced_step():
+    """The A100 price of the trainer's traced packed step at 2 rows (fake tensors, a few s)."""
+    scale.modelled.cache_clear()
+    compute = scale.modelled(2, True)
+    assert compute.source == "packed model"
+    assert 0 < compute.backward < compute.micro_step < 0.1 and 0 < compute.optimizer < 0.1
+    # LAMB over all 336 M float32 parameters reads and writes at least 5 x 4 bytes each
+    assert compute.optimizer > 5 * 4 * 336e6 / 2.039e12
