@@ -28,6 +28,9 @@ export START_WARMUP_STEP=0
 export OPT_LAMB_BETA_1=0.9
 export OPT_LAMB_BETA_2=0.999
 export WEIGHT_DECAY_RATE=0.01
+# 1: LAMB's state sharded over the ranks (ZeRO-1); MLPerf's reference replicates it
+: "${SHARDED_LAMB:=0}"
+export SHARDED_LAMB
 export EVAL_BATCHSIZE=256
 export EVAL_ITER_START_SAMPLES=6400
 export EVAL_ITER_SAMPLES=6400

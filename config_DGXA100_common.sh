@@ -24,6 +24,9 @@ export PRECISION=bf16
 export EVAL_BATCHSIZE=128
 export EPSILON=1e-6
 export MAX_GRAD_NORM=1.0
+# 1: LAMB's state sharded over the ranks (ZeRO-1); MLPerf's reference replicates it
+: "${SHARDED_LAMB:=0}"
+export SHARDED_LAMB
 # Load balance across ranks (the reference's defaults, 0 and unset): BALANCE=1 places each global
 # batch's samples so that every rank gets the same tokens (data/balance.py); DATADIR_PHASE2 set to
 # a `prep stratify` output trains LAYOUT=stratified (every rank's batch drawn from each length bin)

@@ -164,6 +164,13 @@ class OptimConfig:
     buffer); 0: LAMB with foreach ops over the parameters (Lamb); auto (default): 1 on CUDA with
     Triton installed, else 0. The same LAMB either way, and checkpoints of one resume with the
     other."""
+    sharded_lamb: bool = _var("SHARDED_LAMB", yes_no, False)
+    """1: shard LAMB's state and update over the ranks (ZeRO-1, bertperf.optim.ShardedLamb over
+    FlatLamb's buffer: gradients reduce-scattered instead of DDP's all-reduce, each rank keeping
+    the moments of 1/WORLD_SIZE of the parameters and updating those, weights all-gathered;
+    trust ratios still per whole tensor). 0 (default): every rank holds and steps the whole
+    optimizer, as MLPerf's reference. The same training within rounding; checkpoints hold whole
+    tensors either way and resume with either setting."""
 
 
 @dataclass(frozen=True)
@@ -415,6 +422,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.data.verify not in VERIFY_MODES:
         raise UserError(f"DATA_VERIFY must be one of {', '.join(VERIFY_MODES)}, "
                         f"not {cfg.data.verify!r}")
+    if cfg.optim.sharded_lamb and cfg.optim.flat_lamb is False:
+        raise UserError("SHARDED_LAMB=1 shards FlatLamb's flat buffer: it cannot go with "
+                        "FLAT_LAMB=0 (set FLAT_LAMB=auto or 1)")
     init = cfg.model.init_checkpoint
     if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
         raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "

@@ -18,8 +18,12 @@ Modules, each usable on its own:
   clip.DynamicLossScaler          fp16 loss scaling (init 2**20, x2 every 2000 good steps, /2 on overflow)
   clip.clipped_step               unscale -> norm -> clip -> step, or skip on a non-finite norm,
                                   decided on the device (no host sync)
-  factory.make_optimizer          "lamb" -> Lamb; "flat_lamb" -> FlatLamb; "adamw" ->
-                                  torch.optim.AdamW (fused on CUDA)
+  sharded_lamb.ShardedLamb        FlatLamb with its moments and update sharded over the ranks
+                                  (ZeRO-1: reduce-scatter of the gradients, per-tensor trust
+                                  ratios from sums of squares all-reduced, all-gather of the
+                                  weights), as apex's DistributedFusedLAMB
+  factory.make_optimizer          "lamb" -> Lamb; "flat_lamb" -> FlatLamb; "sharded_lamb" ->
+                                  ShardedLamb; "adamw" -> torch.optim.AdamW (fused on CUDA)
   factory.use_flat_lamb           which LAMB a model's parameters take: FlatLamb where the kernels
                                   take Triton (CUDA, Triton installed), Lamb elsewhere, or as set
   factory.mlperf_hparams          the optimizer-related MLPerf log keys with their values
@@ -45,6 +49,7 @@ from bertperf.optim.flat_lamb import FlatLamb
 from bertperf.optim.groups import NO_DECAY_PATTERNS, is_no_decay, param_groups
 from bertperf.optim.lamb import Lamb
 from bertperf.optim.schedule import LinearWarmupPolyDecay, lr_at, resolve_warmup, tf_reference_lr_at
+from bertperf.optim.sharded_lamb import ShardedLamb
 
 __all__ = [
     "NO_DECAY_PATTERNS",
@@ -52,6 +57,7 @@ __all__ = [
     "FlatLamb",
     "Lamb",
     "LinearWarmupPolyDecay",
+    "ShardedLamb",
     "StepOutcome",
     "clip_grad_norm_",
     "clipped_step",

@@ -167,8 +167,12 @@ class DynamicLossScaler:
 
 
 def step_grads(optimizer: torch.optim.Optimizer) -> list[Tensor]:
-    """The gradients an optimizer step reads: its one flat gradient buffer when it has one
-    (`flat_grads()`, every .grad a view of it), else every parameter's .grad."""
+    """The gradients an optimizer step reads: a sharded optimizer's shard of them, reduced over
+    the ranks here (bertperf.optim.ShardedLamb.reduced_grads: the reduce-scatter); its one
+    flat gradient buffer when it has one (`flat_grads()`, every .grad a view of it); else every
+    parameter's .grad."""
+    if hasattr(optimizer, "reduced_grads"):
+        return [optimizer.reduced_grads()]
     if hasattr(optimizer, "flat_grads"):
         return [optimizer.flat_grads()]
     return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -194,11 +198,15 @@ def clipped_step(
     decided on the device (module docstring): no host sync. `optimizer.step` must take `ok`
     (bertperf.optim.Lamb); the caller passes outcome.ok on to the scheduler. An optimizer with a
     flat gradient buffer (bertperf.optim.FlatLamb.flat_grads) has it unscaled, measured, clipped
-    and cleaned as one tensor; otherwise every parameter's .grad is, with foreach ops."""
+    and cleaned as one tensor; otherwise every parameter's .grad is, with foreach ops. A
+    sharded optimizer (bertperf.optim.ShardedLamb) has its gradients reduce-scattered first and
+    the norm summed over the ranks' shards."""
     grads = step_grads(optimizer)
     if scaler is not None:
         scaler.unscale_(grads)
     norm = global_grad_norm(grads)
+    if hasattr(optimizer, "norm_over_ranks"):  # the grads are this rank's shard
+        norm = optimizer.norm_over_ranks(norm)
     ok = torch.isfinite(norm)
     if grads:
         torch._foreach_mul_(grads, clip_coefficient(norm, max_grad_norm, if_nonfinite=0.0))

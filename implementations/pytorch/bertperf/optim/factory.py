@@ -5,6 +5,8 @@
            parameters become views of it), stepped by bertperf.kernels.lamb_step.
            use_flat_lamb says which of the two LAMBs a model's parameters take (the trainer's
            FLAT_LAMB rule; `bench train` asks it too).
+"sharded_lamb" -> bertperf.optim.sharded_lamb.ShardedLamb: FlatLamb with its moments and update
+           sharded over the ranks of the process group (ZeRO-1; the trainer's SHARDED_LAMB).
 "adamw" -> torch.optim.AdamW, fused=True when every parameter is on CUDA, foreach=True
            otherwise. Note torch's AdamW is not the TF reference's AdamWeightDecayOptimizer:
            torch applies bias correction (TF's does not) and decays as p *= 1 - lr*wd before the
@@ -27,8 +29,9 @@ from torch import Tensor
 from bertperf.kernels import backend
 from bertperf.optim.flat_lamb import FlatLamb
 from bertperf.optim.lamb import Lamb
+from bertperf.optim.sharded_lamb import ShardedLamb
 
-OPTIMIZERS = ("lamb", "flat_lamb", "adamw")
+OPTIMIZERS = ("lamb", "flat_lamb", "sharded_lamb", "adamw")
 
 
 def _all_params(params: list[Any]) -> list[Tensor]:
@@ -62,16 +65,17 @@ def make_optimizer(
     weight_decay: float = 0.0,
     **extra: Any,
 ) -> torch.optim.Optimizer:
-    """The optimizer `name` ("lamb", "flat_lamb" or "adamw") over `params` with these
-    hyper-parameters.
+    """The optimizer `name` ("lamb", "flat_lamb", "sharded_lamb" or "adamw") over `params` with
+    these hyper-parameters.
 
-    `extra` goes to the constructor (Lamb, FlatLamb: bias_correction, grad_averaging,
-    layer_adaptation; AdamW: e.g. fused/foreach to override the default choice).
+    `extra` goes to the constructor (Lamb, FlatLamb, ShardedLamb: bias_correction,
+    grad_averaging, layer_adaptation; ShardedLamb: group; AdamW: e.g. fused/foreach to override
+    the default choice).
     """
     key = name.strip().lower()
     params = list(params)
-    if key in ("lamb", "flat_lamb"):
-        cls = FlatLamb if key == "flat_lamb" else Lamb
+    if key in ("lamb", "flat_lamb", "sharded_lamb"):
+        cls = {"lamb": Lamb, "flat_lamb": FlatLamb, "sharded_lamb": ShardedLamb}[key]
         return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra)
     if key == "adamw":
         tensors = _all_params(params)

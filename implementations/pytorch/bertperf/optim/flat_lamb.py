@@ -75,12 +75,21 @@ class FlatLamb(Lamb):
         self._weights = self._flatten_weights()
         self._grads = torch.zeros_like(self._weights)
         self._grad_views = self._views(self._grads)
+        self._make_moments()
+        self._reattach(keep=True)
+
+    def _buffer_numel(self) -> int:
+        """Elements of the flat weight and gradient buffers: the parameters' (ShardedLamb pads
+        them to a multiple of the world size)."""
+        return self._layout.numel
+
+    def _make_moments(self) -> None:
+        """The two flat moment buffers, every parameter's state their views."""
         self._exp_avg = torch.zeros_like(self._weights)
         self._exp_avg_sq = torch.zeros_like(self._weights)
         for p, m, v in zip(self._params, self._views(self._exp_avg),
                            self._views(self._exp_avg_sq)):
             self.state[p] = {"exp_avg": m, "exp_avg_sq": v}
-        self._reattach(keep=True)
 
     def _check_groups(self) -> None:
         """One lamb_step for all: fp32 dense parameters on one device, shared hyper-parameters."""
@@ -107,7 +116,7 @@ class FlatLamb(Lamb):
 
     def _flatten_weights(self) -> Tensor:
         """The flat weight buffer, the parameters' values copied in and re-pointed to it."""
-        flat = torch.empty(self._layout.numel, dtype=torch.float32, device=self._device)
+        flat = torch.zeros(self._buffer_numel(), dtype=torch.float32, device=self._device)
         for p, view in zip(self._params, self._views(flat)):
             view.copy_(p.detach())
             p.data = view

@@ -3,7 +3,9 @@
 A checkpoint (`torch.save` of one dict, loadable with `weights_only=True`) holds:
 
   model      the core model's state_dict (never the DDP wrapper's "module."-prefixed one)
-  optimizer  LAMB's state_dict (moments, per-group step and hyper-parameters)
+  optimizer  LAMB's state_dict (moments, per-group step and hyper-parameters), whole tensors
+             also with SHARDED_LAMB=1 (bertperf.optim.ShardedLamb gathers its ranks' shards),
+             so it loads into Lamb, FlatLamb or ShardedLamb at any world size
   scheduler  LinearWarmupPolyDecay's state_dict (completed steps, base LRs)
   scaler     DynamicLossScaler's state_dict (fp16 only, else None)
   loader     ShardLoader.state_dict() after the last batch trained (the loop's DeviceBatches
@@ -14,7 +16,8 @@ A checkpoint (`torch.save` of one dict, loadable with `weights_only=True`) holds
 
 Rank 0 writes it, to a temporary name renamed into place (formats.files.atomic_output), so a file
 named ckpt_<step>.pt is always complete. Every rank loads it; parameters and optimizer state are
-the same on all ranks under DDP and the loader position is too. Only rank 0's RNG states are
+the same on all ranks under DDP and the loader position is too (a sharded optimizer keeps its
+rank's shard of the state). Only rank 0's RNG states are
 saved: other ranks reseed from (SEED, rank, step), so with dropout and WORLD_SIZE > 1 a resumed
 run's dropout masks on ranks > 0 differ from an uninterrupted run's (a single process, or no
 dropout, resumes bitwise).
@@ -112,14 +115,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ---- save --------------------------------------------------------------------------------------
 
 def save(path: str | Path, trainer, step: int, samples: int, next_eval: int) -> Path | None:
-    """Write the trainer's state after `step` optimizer steps (rank 0 only; others return None)."""
+    """Write the trainer's state after `step` optimizer steps. Every rank calls it (a sharded
+    optimizer gathers its state from all ranks); rank 0 writes, the others return None."""
+    optimizer = trainer.optimizer.state_dict()
     if trainer.dist.rank != 0:
         return None
     path = Path(path)
     state = {
         "format": FORMAT,
         "model": trainer.core.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
+        "optimizer": optimizer,
         "scheduler": trainer.scheduler.state_dict(),
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
         "loader": trainer.batches.state_dict(),

@@ -62,8 +62,8 @@ AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class Trainer:
-    """Everything a run holds; `model` is what the loop calls (DDP-wrapped when world > 1),
-    `core` the single-device model under it."""
+    """Everything a run holds; `model` is what the loop calls (DDP-wrapped when world > 1 and
+    the optimizer is not sharded), `core` the single-device model under it."""
 
     cfg: RunConfig
     dist: distributed.Dist
@@ -145,13 +145,14 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     if cfg.model.init_checkpoint is not None:
         warmstart.load_weights(core, cfg.model.init_checkpoint)
     opt = cfg.optim
-    optimizer = make_optimizer("flat_lamb" if flat_lamb(cfg, core) else "lamb",
-                               param_groups(core, opt.weight_decay), lr=opt.lr,
+    name = "sharded_lamb" if opt.sharded_lamb else "flat_lamb" if flat_lamb(cfg, core) else "lamb"
+    optimizer = make_optimizer(name, param_groups(core, opt.weight_decay), lr=opt.lr,
                                betas=(opt.beta1, opt.beta2), eps=opt.epsilon)
     # after FlatLamb made the parameters views of its buffer; gradient_as_bucket_view stays off,
-    # so DDP copies each reduced bucket into the .grad views in place
+    # so DDP copies each reduced bucket into the .grad views in place. ShardedLamb reduce-scatters
+    # the gradients in its step: no DDP
     model = DistributedDataParallel(core, device_ids=[device] if device.type == "cuda" else None) \
-        if dist.active else core
+        if dist.active and not opt.sharded_lamb else core
     warmup, start = resolve_warmup(opt.warmup_steps, opt.start_warmup_step, opt.max_steps,
                                    opt.warmup_proportion)
     scheduler = LinearWarmupPolyDecay(optimizer, warmup, opt.max_steps, start)
@@ -270,12 +271,13 @@ def train_step(trainer: Trainer, micro: list[MicroBatch]) -> torch.Tensor:
     share of the step's loss (a 0-d float64 device tensor; summed over ranks and divided by the
     world size it is the step's loss, module docstring), read by nobody inside the step."""
     dist, last = trainer.dist, len(micro) - 1
-    # DDP averages gradients over ranks: * world_size makes that average the global sum
+    # DDP (or ShardedLamb's reduce-scatter) averages gradients over ranks: * world_size makes
+    # that average the global sum
     divisors = dist.sum(torch.stack([m.counts for m in micro]).sum(0)).clamp(min=1) \
         / dist.world_size
     total = torch.zeros((), dtype=torch.float64, device=trainer.device)
     for i, m in enumerate(micro):
-        reduce_now = i == last or not dist.active  # DDP reduces on the last one
+        reduce_now = i == last or trainer.model is trainer.core  # DDP reduces on the last one
         with contextlib.nullcontext() if reduce_now else trainer.model.no_sync():
             with trainer.autocast():
                 loss = trainer.forward_loss(trainer.model, m.inputs, divisors)
