@@ -27,6 +27,10 @@ export PACKING_FACTOR=2     # global_batch_size = rows x 2, NVIDIA's --average_p
 export EVAL_BATCHSIZE=128
 export EPSILON=1e-6
 export MAX_GRAD_NORM=1.0
+# 1: each rank clips its gradient bucket by bucket before DDP's all-reduce, which then overlaps
+# backward; 0 (default): the global norm is clipped after the all-reduce
+: "${CLIP_BEFORE_ALLREDUCE:=0}"
+export CLIP_BEFORE_ALLREDUCE
 # 1: LAMB's state sharded over the ranks (ZeRO-1); MLPerf's reference replicates it
 : "${SHARDED_LAMB:=0}"
 export SHARDED_LAMB

@@ -156,6 +156,13 @@ class OptimConfig:
     """LAMB's epsilon."""
     max_grad_norm: float = _var("MAX_GRAD_NORM", float, 1.0)
     """Global gradient-norm clip before each step (0 = no clipping)."""
+    clip_before_allreduce: bool = _var("CLIP_BEFORE_ALLREDUCE", yes_no, False)
+    """1: with several ranks, each rank clips its own (accumulated) gradient bucket by bucket in
+    a DDP communication hook, to MAX_GRAD_NORM * sqrt(bucket size / model size), and starts the
+    bucket's all-reduce at once, overlapping backward (bertperf.optim.bucket_clip); the step
+    then skips non-finite steps without clipping again. 0 (default): the global norm of the
+    all-reduced gradient is clipped before the step. A single process clips the global norm
+    either way."""
     init_loss_scale: float = _var("INIT_LOSS_SCALE", float, 2.0 ** 20)
     """fp16 only: the dynamic loss scale's initial value."""
     flat_lamb: bool | None = _var("FLAT_LAMB", auto_yes_no)
@@ -425,6 +432,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.optim.sharded_lamb and cfg.optim.flat_lamb is False:
         raise UserError("SHARDED_LAMB=1 shards FlatLamb's flat buffer: it cannot go with "
                         "FLAT_LAMB=0 (set FLAT_LAMB=auto or 1)")
+    if cfg.optim.sharded_lamb and cfg.optim.clip_before_allreduce:
+        raise UserError("CLIP_BEFORE_ALLREDUCE=1 clips DDP's all-reduce buckets, which "
+                        "SHARDED_LAMB=1 replaces by its reduce-scatter: set one of them to 0")
     init = cfg.model.init_checkpoint
     if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
         raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "

@@ -14,6 +14,9 @@ COMMANDS = {
     "scale": ("bertperf.bench.scale",
               "a performance model: step time and time to train of the DGX A100 configs from 8 "
               "to 1,024 GPUs, the dominant term at each, and the published MLPerf times"),
+    "clip": ("bertperf.bench.clip",
+             "gradient clipping before or after DDP's all-reduce on gloo ranks: the all-reduces' "
+             "overlap with backward (profiler) and the difference in the step"),
     "train": ("bertperf.bench.train",
               ("training speed of HF BertForPreTraining and of bertperf's switches on the same "
                "samples, and a step-time model for the GPU")),

@@ -18,6 +18,9 @@ Modules, each usable on its own:
   clip.DynamicLossScaler          fp16 loss scaling (init 2**20, x2 every 2000 good steps, /2 on overflow)
   clip.clipped_step               unscale -> norm -> clip -> step, or skip on a non-finite norm,
                                   decided on the device (no host sync)
+  bucket_clip.clip_buckets_before_allreduce
+                                  a DDP communication hook clipping each rank's gradient bucket
+                                  before its all-reduce (CLIP_BEFORE_ALLREDUCE=1)
   sharded_lamb.ShardedLamb        FlatLamb with its moments and update sharded over the ranks
                                   (ZeRO-1: reduce-scatter of the gradients, per-tensor trust
                                   ratios from sums of squares all-reduced, all-gather of the

@@ -19,7 +19,9 @@ Order: the MLPerf TF reference clips per replica BEFORE the gradient all-reduce 
 --clip_by_global_norm_after_gradient_allreduce); NVIDIA does the same by default and clips after
 the all-reduce in its *_clipafter configs; the MLPerf rules allow either. With DDP the grads seen
 here are already all-reduced, i.e. this is clip-after-allreduce. With gradient accumulation,
-clip once, on the accumulated gradient, just before the optimizer step.
+clip once, on the accumulated gradient, just before the optimizer step. CLIP_BEFORE_ALLREDUCE=1
+clips before, bucket by bucket in a DDP communication hook (bertperf.optim.bucket_clip), and the
+step calls clipped_step with max_grad_norm=None (unscale, non-finite skip, no second clip).
 
 Non-finite norm (inf/NaN anywhere in the grads, or a sum of squares that overflows fp32): the step
 is skipped, decided on the device: clipped_step multiplies the grads by 0 and zeroes their inf/NaN

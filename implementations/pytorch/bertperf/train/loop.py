@@ -52,6 +52,7 @@ from bertperf.model import (BatchCounts, BertForPreTraining, PackedBatch, Unpadd
                             compiled_forward_loss)
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
                             mlperf_hparams, param_groups, resolve_warmup, use_flat_lamb)
+from bertperf.optim.bucket_clip import clip_buckets_before_allreduce
 from bertperf.train import checkpoint, preflight, warmstart
 from bertperf.train import dist as distributed
 from bertperf.train.checks import check_run, resolve_layout
@@ -131,6 +132,14 @@ def flat_lamb(cfg: RunConfig, model: torch.nn.Module) -> bool:
     return use_flat_lamb(model.parameters(), cfg.optim.flat_lamb)
 
 
+def clips_before_allreduce(cfg: RunConfig, dist: distributed.Dist) -> bool:
+    """Whether DDP's communication hook clips each rank's gradient buckets before their
+    all-reduce (CLIP_BEFORE_ALLREDUCE=1, several ranks, MAX_GRAD_NORM > 0;
+    bertperf.optim.bucket_clip), so that the step does not clip again; a single process has no
+    all-reduce and clips the global norm."""
+    return cfg.optim.clip_before_allreduce and dist.active and cfg.optim.max_grad_norm > 0
+
+
 def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     """Build the run (between init_start and init_stop)."""
     device = pick_device(cfg)
@@ -158,6 +167,8 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     scheduler = LinearWarmupPolyDecay(optimizer, warmup, opt.max_steps, start)
     scaler = DynamicLossScaler(init_scale=opt.init_loss_scale, device=device) \
         if cfg.train.precision == "fp16" else None
+    if clips_before_allreduce(cfg, dist):  # the hook reads the scaler's scale
+        clip_buckets_before_allreduce(model, opt.max_grad_norm, scaler)
     stratified = cfg.data.layout == "stratified"
     dataset = (ShardDataset.from_stratified if stratified else ShardDataset.from_folder)(
         cfg.data.train_dir)
@@ -283,7 +294,9 @@ def train_step(trainer: Trainer, micro: list[MicroBatch]) -> torch.Tensor:
                 loss = trainer.forward_loss(trainer.model, m.inputs, divisors)
             (trainer.scaler.scale_loss(loss) if trainer.scaler else loss).backward()
         total += loss.detach()
-    outcome = clipped_step(trainer.optimizer, trainer.cfg.optim.max_grad_norm or None,
+    clipped = clips_before_allreduce(trainer.cfg, dist)  # bucket by bucket, before all-reduce
+    outcome = clipped_step(trainer.optimizer,
+                           None if clipped else trainer.cfg.optim.max_grad_norm or None,
                            trainer.scaler)
     trainer.scheduler.step(outcome.ok)
     trainer.optimizer.zero_grad(set_to_none=True)

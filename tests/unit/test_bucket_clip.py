@@ -1,0 +1,253 @@
+"""Clipping before the all-reduce (bertperf.optim.bucket_clip, CLIP_BEFORE_ALLREDUCE) on 2 gloo
+ranks: the hook's reduced gradients equal each rank's buckets clipped by hand and averaged (with
+accumulation and a loss scale, in DDP's one first-step bucket and in its rebuilt buckets), a
+non-finite bucket on one rank skips the step on both; the trainer (setup and train_step) with
+the switch on equals that reference after a step, with it off the global-norm clip after the
+all-reduce, as before; the switch's parsing and its refusal next to SHARDED_LAMB."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as tdist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bertperf.errors import UserError
+from bertperf.optim import DynamicLossScaler, Lamb, clipped_step, global_grad_norm
+from bertperf.optim.bucket_clip import BucketClip, bucket_threshold, clip_then_allreduce
+from bertperf.optim.clip import CLIP_EPS
+from tests.e2e.test_train_ddp import free_port
+from tests.unit.test_train import env_for
+
+WORLD, GA, SCALE = 2, 2, 2.0**4
+MAX_NORM = 0.2  # between the first and the last layers' bucket norms of mlp(): some clip
+
+
+def mlp() -> nn.Module:
+    """float64, 6 Linear layers of 16 x 16 (2,048 bytes of weight and 128 of bias each)."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(16, 16) for _ in range(6)]).double()
+
+
+def inputs(step: int, rank: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return [torch.randn(8, 16, generator=g, dtype=torch.float64) for _ in range(GA)]
+
+
+def local_grads(model: nn.Module, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's gradient accumulated over the micro-batches, the loss scaled by SCALE."""
+    model.zero_grad()
+    for x in xs:
+        (model(x).square().mean() * SCALE).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def by_hand(grads: list[list[torch.Tensor]], buckets: list[list[int]], max_norm: float,
+            scale: float) -> tuple[list[torch.Tensor], list[float]]:
+    """Each rank's buckets clipped to max_norm * sqrt(bucket / model) (the unscaled norm), then
+    averaged over the ranks; and every rank's coefficient per bucket."""
+    total = sum(g.numel() for g in grads[0])
+    out: list[torch.Tensor] = [torch.zeros_like(g) for g in grads[0]]
+    coefs = []
+    for rank_grads in grads:
+        for bucket in buckets:
+            numel = sum(rank_grads[i].numel() for i in bucket)
+            norm = math.sqrt(sum(float(rank_grads[i].square().sum()) for i in bucket)) / scale
+            coef = min(max_norm * math.sqrt(numel / total) / (norm + CLIP_EPS), 1.0)
+            coefs.append(coef)
+            for i in bucket:
+                out[i] += rank_grads[i] * coef / len(grads)
+    return out, coefs
+
+
+def gathered(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Every rank's grads, on every rank."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    parts = [torch.empty_like(flat) for _ in range(tdist.get_world_size())]
+    tdist.all_gather(parts, flat)
+    return [[t.view_as(g) for t, g in zip(part.split([g.numel() for g in grads]), grads)]
+            for part in parts]
+
+
+def hook_rank(rank: int, store: Path) -> None:
+    tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                             timeout=datetime.timedelta(seconds=60))
+    model = mlp()
+    reference = copy.deepcopy(model)
+    params = list(model.parameters())
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.002)  # one layer a bucket, rebuilt
+    opt = Lamb(model.parameters(), lr=0.01)
+    scaler = DynamicLossScaler(init_scale=SCALE)
+    state = BucketClip(MAX_NORM, sum(p.numel() for p in params), WORLD, scaler)
+    seen: list[list[int]] = []
+
+    def recording(state, bucket):  # (DDP refuses string annotations)
+        seen.append([next(i for i, p in enumerate(params) if p is q) for q in bucket.parameters()])
+        return clip_then_allreduce(state, bucket)
+
+    ddp.register_comm_hook(state, recording)
+    for step in range(3):
+        xs = inputs(step, rank)
+        mine = local_grads(reference, xs)
+        seen.clear()
+        for i, x in enumerate(xs):
+            with ddp.no_sync() if i < GA - 1 else torch.enable_grad():
+                scaler.scale_loss(ddp(x).square().mean()).backward()
+        if step == 0:  # DDP reduces its first step in one bucket
+            assert seen == [list(range(len(params)))], seen
+        else:  # rebuilt in the order the gradients became ready
+            assert len(seen) >= 3 and sorted(sum(seen, [])) == list(range(len(params))), seen
+        want, coefs = by_hand(gathered(mine), seen, MAX_NORM, SCALE)
+        for i, (p, w) in enumerate(zip(params, want)):
+            torch.testing.assert_close(p.grad, w, rtol=1e-12, atol=1e-15, msg=f"step {step} {i}")
+        if step == 1:  # the buckets clip differently from one another (so the test can fail)
+            assert min(coefs) < 0.9 and max(coefs) == 1.0, coefs
+        outcome = clipped_step(opt, None, scaler)
+        assert bool(outcome.ok)
+        torch.testing.assert_close(outcome.grad_norm,
+                                   global_grad_norm([w / SCALE for w in want]), rtol=1e-12, atol=0)
+        opt.zero_grad()
+        for p, q in zip(params, reference.parameters()):
+            q.data.copy_(p.data)
+    # a non-finite gradient in one bucket of rank 1: that bucket turns NaN on every rank, and
+    # the step is skipped on both
+    before = [p.detach().clone() for p in params]
+    poison = params[0].register_hook(lambda g: g * math.inf) if rank == 1 else None
+    for i, x in enumerate(inputs(3, rank)):
+        with ddp.no_sync() if i < GA - 1 else torch.enable_grad():
+            scaler.scale_loss(ddp(x).square().mean()).backward()
+    bucket = next(b for b in seen if 0 in b)
+    for i, p in enumerate(params):
+        assert bool(p.grad.isnan().all()) if i in bucket else bool(p.grad.isfinite().all()), i
+    outcome = clipped_step(opt, None, scaler)
+    assert not bool(outcome.ok) and float(scaler.scale) == SCALE / 2
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    assert all(bool((p.grad == 0).all()) for p in params)
+    if poison is not None:
+        poison.remove()
+    tdist.destroy_process_group()
+
+
+def test_hook_equals_buckets_clipped_by_hand_then_averaged(tmp_path):
+    mp.start_processes(hook_rank, args=(tmp_path / "store",), nprocs=WORLD, start_method="spawn")
+
+
+TRAIN_MAX_NORM = 0.05  # under the tiny BERT's local gradient norms at its first step: clips
+
+
+def reference_step(trainer, micro, before: bool) -> list[torch.Tensor]:
+    """The parameters after train_step's step, by hand on copies of the model and optimizer:
+    each rank's accumulated gradient clipped to TRAIN_MAX_NORM, then averaged (before: DDP
+    reduces its first step in one bucket, whose threshold is TRAIN_MAX_NORM), or averaged and
+    then clipped (after)."""
+    from bertperf.model import BertForPreTraining, forward_loss
+    from bertperf.optim import make_optimizer, param_groups
+    from bertperf.optim.clip import clip_coefficient
+    core = BertForPreTraining(trainer.core.config)  # (a deepcopy drops lamb_row_blocks)
+    core.load_state_dict(trainer.core.state_dict())
+    opt = make_optimizer("lamb", param_groups(core, trainer.cfg.optim.weight_decay), lr=0.0)
+    opt.load_state_dict(trainer.optimizer.state_dict())  # the LR the schedule set, betas, eps
+    divisors = trainer.dist.sum(torch.stack([m.counts for m in micro]).sum(0)).clamp(min=1) / WORLD
+    for m in micro:
+        forward_loss(core, m.inputs, divisors).backward()
+    grads = [p.grad for p in core.parameters()]
+    if before:
+        norm = global_grad_norm(grads)
+        assert float(norm) > TRAIN_MAX_NORM, float(norm)  # so the step can tell the two apart
+        torch._foreach_mul_(grads, clip_coefficient(norm, TRAIN_MAX_NORM, 1.0))
+    for g in grads:
+        tdist.all_reduce(g)
+        g.div_(WORLD)
+    clipped_step(opt, None if before else TRAIN_MAX_NORM)
+    return [p.detach().clone() for p in core.parameters()]
+
+
+def trainer_rank(rank: int, env: dict, ports: dict, out: Path) -> None:
+    from bertperf.config import load
+    from bertperf.mlperf.log import MLPerfLogger
+    from bertperf.model import UnpaddedBatch
+    from bertperf.train.loop import DeviceBatches, setup, train_step
+    torch.set_num_threads(1)
+    for switch, port in ports.items():
+        cfg = load({**env, "CLIP_BEFORE_ALLREDUCE": switch, "RANK": str(rank),
+                    "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank), "MASTER_PORT": str(port)})
+        trainer = setup(cfg, MLPerfLogger(out / f"log_{switch}_{rank}.txt", rank=rank,
+                                          echo=False))
+        batches = DeviceBatches(trainer.loader, trainer.device, UnpaddedBatch)
+        micro = [next(batches) for _ in range(GA)]
+        want = {before: reference_step(trainer, micro, before) for before in (True, False)}
+        train_step(trainer, micro)
+        got = [p.detach() for p in trainer.core.parameters()]
+        mine, other = want[switch == "1"], want[switch == "0"]
+        assert max(float((a - b).abs().max()) for a, b in zip(mine, other)) > 1e-4
+        for i, (a, b) in enumerate(zip(got, mine)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{switch} {i}")
+        trainer.loader.close()
+        trainer.dist.close()
+
+
+def test_trainer_clips_before_allreduce_only_when_switched_on(tmp_path):
+    env = {**env_for(tmp_path, GRADIENT_STEPS=str(GA), MAX_GRAD_NORM=str(TRAIN_MAX_NORM)),
+           "DATA_VERIFY": "none", "DIST_TIMEOUT": "60", "MASTER_ADDR": "127.0.0.1"}
+    ports = {"1": free_port(), "0": free_port()}
+    mp.start_processes(trainer_rank, args=(env, ports, tmp_path), nprocs=WORLD,
+                       start_method="spawn")
+
+
+@pytest.mark.parametrize("value, want", [("1", True), ("on", True), ("0", False), ("", False)])
+def test_switch_parses(tmp_path, value, want):
+    from bertperf.config import load
+    assert load(env_for(tmp_path, CLIP_BEFORE_ALLREDUCE=value)).optim.clip_before_allreduce is want
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"CLIP_BEFORE_ALLREDUCE": "maybe"},
+     "CLIP_BEFORE_ALLREDUCE='maybe' is not a valid yes/no value"),
+    ({"CLIP_BEFORE_ALLREDUCE": "1", "SHARDED_LAMB": "1"},
+     "CLIP_BEFORE_ALLREDUCE=1 clips DDP's all-reduce buckets, which SHARDED_LAMB=1 replaces"),
+])
+def test_switch_refused_in_one_line(tmp_path, change, message):
+    from bertperf.config import load
+    with pytest.raises(UserError, match=message) as exc:
+        load(env_for(tmp_path, **change))
+    assert "\n" not in str(exc.value)
+
+
+def test_bucket_thresholds_compose_to_max_norm():
+    sizes = [3, 1000, 17, 250_000]
+    total = sum(sizes)
+    assert math.isclose(sum(bucket_threshold(2.0, n, total) ** 2 for n in sizes), 4.0)
+    assert bucket_threshold(2.0, total, total) == 2.0
+
+
+def test_bench_clip_shows_the_overlap_and_the_difference(tmp_path):
+    """`bench clip` on 3 ranks, a BERT of width 32 with small DDP buckets: under after and
+    bucket some all-reduces start before the last gradient, under the global clip none; a
+    max-norm nothing reaches changes no bit (the hook averages as DDP does, times 1/3), a small
+    one changes the step."""
+    import json
+    import subprocess
+    import sys
+    config = tmp_path / "bert_config.json"
+    config.write_text(json.dumps({"vocab_size": 1100, "hidden_size": 32, "num_hidden_layers": 2,
+                                  "num_attention_heads": 2, "intermediate_size": 64}))
+    out = subprocess.run([sys.executable, "-m", "bertperf", "bench", "clip", "--ranks", "3",
+                          "--config", str(config), "--seq", "32", "--batch", "4",
+                          "--bucket-mb", "0.02", "--max-norm", "1e9,0.01"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line
+            for line in out.stdout.splitlines() if line.startswith("| 3 |")}
+    before = {mode: int(rows["3", mode].split("|")[6].split(" of ")[0]) for mode in
+              ("after", "bucket", "global")}
+    assert before["after"] >= 1 and before["bucket"] >= 1 and before["global"] == 0, out.stdout
+    same, clipped = rows["3", "1e+09"].split("|"), rows["3", "0.01"].split("|")
+    assert float(same[6]) == 0 and same[8].strip().startswith("0 /"), out.stdout
+    assert float(clipped[6]) > 1e-3, out.stdout
