@@ -16,12 +16,12 @@ from tests.e2e.test_train_ddp import (GLOBAL_BATCH, STEPS, base_env, data, free_
                                       launch, single)
 
 
-def two_ranks(data: dict, out: Path, **extra: str) -> tuple[list[float], Path]:
+def two_ranks(files: dict, out: Path, **extra: str) -> tuple[list[float], Path]:
     """A 2-rank run (RANK/WORLD_SIZE as srun sets them); its losses and checkpoint folder."""
     out.mkdir()
     port = str(free_port())
     cmds = [([sys.executable, "-m", "bertperf", "train"],
-             {**base_env(data, out, 2), "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
+             {**base_env(files, out, 2), "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "FLAT_LAMB": "1", **extra})
             for r in range(2)]
     results = launch(cmds, out)
