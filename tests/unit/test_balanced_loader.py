@@ -221,3 +221,44 @@ def test_trainer_switches_are_checked(stratified, shards):
         with pytest.raises(UserError, match=message) as err:
             resolve_layout(cfg(stratified.parent / message.replace(" ", "_"), **extra))
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("balance", [False, True])
+def test_a_state_resumes_on_another_world_size_with_the_same_global_batch(shards, balance):
+    """split global_batch: a state of 2 ranks x 6 loads into 3 ranks x 4 (and 1 x 12) and the
+    global batches go on from the same one; inside a batch, with another global batch, with
+    split shards or stratified data it is refused in one line."""
+    ds = ShardDataset.from_folder(shards)
+
+    def global_batches(world: int, b: int, state: dict | None = None) -> list[list[tuple]]:
+        ranks = loaders(ds, b, world, balance=balance)
+        for loader in ranks:
+            if state is not None:
+                loader.load_state_dict(state)
+        return [sorted(sum(parts, [])) for parts in zip(*[[_ids(x) for x in loader]
+                                                          for loader in ranks])]
+
+    want = global_batches(2, 6)
+    two = loaders(ds, 6, 2, balance=balance)[1]
+    it = iter(two)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(two.state_dict()))
+    assert global_batches(3, 4, state) == want[5:]
+    assert global_batches(1, 12, state) == want[5:]
+    for world, b, position, message in [(3, 4, 7, "inside a batch"), (3, 5, 30, "world_size"),
+                                        (2, 5, 30, "batch_size")]:
+        with pytest.raises(UserError, match=message) as err:
+            loaders(ds, b, world, balance=balance)[1].load_state_dict({**state,
+                                                                       "position": position})
+        assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="world_size"):
+        ShardLoader(ds, 4, rank=0, world_size=3, seed=5, split="shards").load_state_dict(
+            {**state, "split": "shards"})
+
+
+def test_stratified_state_stays_at_its_world_size(stratified):
+    ds = ShardDataset.from_stratified(stratified)
+    state = loaders(ds, 8, 2)[0].state_dict()
+    with pytest.raises(UserError, match="world_size"):
+        loaders(ds, 4, 4)[0].load_state_dict(state)

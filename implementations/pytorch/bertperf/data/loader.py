@@ -259,14 +259,25 @@ class ShardLoader:
                 "samples": self.dataset.num_samples, "fingerprint": self.dataset.fingerprint()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Go on where `state` (state_dict()) left off: the same shards, seed, rank, world size,
+        split and balance (and batch size for split global_batch or balance); or, with split
+        global_batch and unstratified data, a state of another world size with the same global
+        batch (its world_size x batch_size) saved at a batch boundary: the global batches are the
+        same, so the run goes on from the same one."""
         if state.get("format") != STATE_FORMAT:
             raise UserError(f"loader state: unknown format {state.get('format')!r}")
-        checks = [("seed", self.seed), ("rank", self.rank), ("world_size", self.world_size),
-                  ("fingerprint", self.dataset.fingerprint()),
-                  ("split", self.split),  # states without "split" are "shards" states
-                  ("balance", self.balance)]  # ... and without "balance" unbalanced ones
-        if self.split == "global_batch" or self.balance:  # blocks of batch_size samples
-            checks.append(("batch_size", self.batch_size))
+        size = int(state.get("world_size") or 0) * int(state.get("batch_size") or 0)
+        resized = (self.split == "global_batch" and self.dataset.bins is None
+                   and state.get("split") == "global_batch"
+                   and state.get("world_size") != self.world_size
+                   and size == self.world_size * self.batch_size)
+        checks = [("seed", self.seed), ("fingerprint", self.dataset.fingerprint()),
+                  ("split", self.split)]  # states without "split" are "shards" states
+        if not resized:
+            checks += [("world_size", self.world_size), ("rank", self.rank),
+                       ("balance", self.balance)]  # states without "balance": unbalanced
+            if self.split == "global_batch" or self.balance:  # blocks of batch_size samples
+                checks.append(("batch_size", self.batch_size))
         older = {"split": "shards", "balance": False}
         for key, mine in checks:
             got = state.get(key, older[key]) if key in older else state.get(key)
@@ -274,8 +285,17 @@ class ShardLoader:
                 raise UserError(f"loader state: {key} {got!r} differs from this loader's "
                                 f"{mine!r}; exact resume needs the same shards, seed, rank, "
                                 "world size, split and balance (and batch size for split "
-                                "global_batch or balance)")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+                                "global_batch or balance), or for split global_batch the same "
+                                "global batch")
+        position = int(state["position"])
+        if resized:
+            old_b = int(state["batch_size"])
+            if position % old_b:
+                raise UserError(f"loader state: position {position} is inside a batch of "
+                                f"{old_b}; resuming on {self.world_size} ranks instead of "
+                                f"{state['world_size']} needs a batch boundary")
+            position = position // old_b * self.batch_size
+        self.epoch, self.position = int(state["epoch"]), position
 
     def close(self) -> None:
         self.dataset.close()

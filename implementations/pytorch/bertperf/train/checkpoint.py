@@ -13,6 +13,8 @@ A checkpoint (`torch.save` of one dict, loadable with `weights_only=True`) holds
   rng        python `random`, numpy and torch CPU states, and every CUDA device's when present
   step, samples, next_eval   the loop's counters (next_eval: sample count of the next eval)
   config     fingerprint(): the model's BertConfig and every setting that changes the loss curve
+             (BATCHSIZE and WORLD_SIZE may change together at the same global micro-batch: the
+             loader's state then moves its position to the new batch size, data/loader.py)
 
 Rank 0 writes it, to a temporary name renamed into place (formats.files.atomic_output), so a file
 named ckpt_<step>.pt is always complete. Every rank loads it; parameters and optimizer state are
@@ -183,7 +185,14 @@ def _check_model(path: Path, saved: dict[str, torch.Tensor], model: torch.nn.Mod
 
 
 def _check_config(path: Path, saved: dict[str, Any], mine: dict[str, Any]) -> None:
-    for key in sorted(set(saved) | set(mine)):
+    """Every setting equal, except that BATCHSIZE and WORLD_SIZE may change together when their
+    product (the global micro-batch) does not and the data is not stratified (whose per-rank bin
+    counts follow BATCHSIZE): the loader's state then decides (data/loader.py)."""
+    keys = set(saved) | set(mine)
+    product = [(d.get("BATCHSIZE") or 0) * (d.get("WORLD_SIZE") or 0) for d in (saved, mine)]
+    if product[0] == product[1] and mine.get("LAYOUT") != "stratified":
+        keys -= {"BATCHSIZE", "WORLD_SIZE"}
+    for key in sorted(keys):
         if saved.get(key) != mine.get(key):
             raise UserError(f"checkpoint {path}: saved with {key}={saved.get(key)!r}, this run has "
                             f"{mine.get(key)!r}; an exact resume needs the same settings")
