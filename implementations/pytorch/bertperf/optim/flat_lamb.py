@@ -147,11 +147,10 @@ class FlatLamb(Lamb):
         self._grads.zero_()
         self._reattach(keep=False)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None, *,  # type: ignore[override]
-             ok: Tensor | None = None) -> float | None:
-        """One LAMB update of every parameter (Lamb.step; ok: a 0-d bool tensor on the
-        parameters' device, False for a step skipped on the device)."""
+    def _begin_step(self, closure: Callable[[], float] | None,
+                    ok: Tensor | None) -> tuple[float | None, list[Tensor]]:
+        """The closure's loss (when given) and every group's step count, counted up (by `ok`:
+        not for a step skipped on the device)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -159,6 +158,14 @@ class FlatLamb(Lamb):
         counts = [self.step_count(g, self._device) for g in self.param_groups if g["params"]]
         for t in counts:
             t.add_(1 if ok is None else ok.to(t.dtype))
+        return loss, counts
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None, *,  # type: ignore[override]
+             ok: Tensor | None = None) -> float | None:
+        """One LAMB update of every parameter (Lamb.step; ok: a 0-d bool tensor on the
+        parameters' device, False for a step skipped on the device)."""
+        loss, counts = self._begin_step(closure, ok)
         first = self.param_groups[0]
         lamb_step(self._layout, self._weights, self.flat_grads(), self._exp_avg,
                   self._exp_avg_sq, lr=first["lr"], betas=first["betas"], eps=first["eps"],

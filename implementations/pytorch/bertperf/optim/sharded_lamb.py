@@ -145,13 +145,7 @@ class ShardedLamb(FlatLamb):
         """One LAMB update of this rank's shard, then the weights all-gathered (module
         docstring, 3. and 4.). The shard's gradients are `reduced_grads()`, as clipped_step
         leaves them; ok: a 0-d bool tensor, False for a step skipped on the device."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        counts = [self.step_count(g, self._device) for g in self.param_groups if g["params"]]
-        for t in counts:
-            t.add_(1 if ok is None else ok.to(t.dtype))
+        loss, counts = self._begin_step(closure, ok)
         self._update_shard(counts[0], ok)
         if self.world_size > 1:
             _all_gather(self._weights, self._weights[self._shard], group=self._group)
