@@ -231,7 +231,7 @@ def test_bench_clip_shows_the_overlap_and_the_difference(tmp_path):
     """`bench clip` on 3 ranks, a BERT of width 32 with small DDP buckets: under after and
     bucket some all-reduces start before the last gradient, under the global clip none; a
     max-norm nothing reaches changes no bit (the hook averages as DDP does, times 1/3), a small
-    one changes the step."""
+    one changes the step and clips every bucket."""
     import json
     import subprocess
     import sys
@@ -244,10 +244,14 @@ def test_bench_clip_shows_the_overlap_and_the_difference(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line
-            for line in out.stdout.splitlines() if line.startswith("| 3 |")}
+            for line in out.stdout.split("The buckets")[0].splitlines()
+            if line.startswith("| 3 |")}
     before = {mode: int(rows["3", mode].split("|")[6].split(" of ")[0]) for mode in
               ("after", "bucket", "global")}
     assert before["after"] >= 1 and before["bucket"] >= 1 and before["global"] == 0, out.stdout
     same, clipped = rows["3", "1e+09"].split("|"), rows["3", "0.01"].split("|")
     assert float(same[6]) == 0 and same[8].strip().startswith("0 /"), out.stdout
     assert float(clipped[6]) > 1e-3, out.stdout
+    buckets = [line.split("|") for line in out.stdout.split("The buckets")[1].splitlines()
+               if line.startswith("| 3 | 0.01 |")]
+    assert len(buckets) >= 3 and all(float(b[7]) < 1 for b in buckets), out.stdout

@@ -27,7 +27,9 @@ one LAMB step: the averaged gradient's global norm before clipping (what after c
 of the gradient each clipping hands to LAMB, the norm of their difference relative to after's,
 their cosine (1: the same direction, only the length differs), and the largest difference of
 the parameters after the step against the largest update of after. A max-norm no bucket
-reaches gives the same bits.
+reaches gives the same bits. The third table shows why: each of rank 0's buckets with its share
+of the elements (its threshold is max-norm * sqrt(share)), its share of the rank's squared
+gradient norm, and the coefficient the hook applied.
 """
 
 from __future__ import annotations
@@ -175,6 +177,8 @@ def _numerics(args: argparse.Namespace, inputs: dict, divisors, max_norm: float)
         t = Trainee(args, mode, max_norm)
         t.backward(inputs, divisors)  # DDP's first backward: one bucket; rebuilt after it
         t.opt.zero_grad()
+        if t.hook is not None:
+            t.hook.record = []
         t.backward(inputs, divisors)
         before = [p.detach().clone() for p in t.core.parameters()]
         outcome = t.step()
@@ -185,7 +189,10 @@ def _numerics(args: argparse.Namespace, inputs: dict, divisors, max_norm: float)
     a, b = out["after"], out["bucket"]
     diff = float(global_grad_norm([x - y for x, y in zip(a["grads"], b["grads"])]))
     x, y = (torch.cat([g.double().reshape(-1) for g in m["grads"]]) for m in (a, b))
-    return {"norm": a["norm"], "after": a["handed"], "bucket": b["handed"],
+    record = [(n, float(norm) ** 2, float(coef)) for n, norm, coef in t.hook.record]
+    squares = sum(sq for _, sq, _ in record)
+    return {"buckets": [(n, n / t.hook.total_numel, sq / squares, coef) for n, sq, coef in record],
+            "norm": a["norm"], "after": a["handed"], "bucket": b["handed"],
             "rel": diff / max(a["handed"], 1e-30),
             "cos": float(x @ y / (x.norm() * y.norm()).clamp(min=1e-30)),
             "params": max(float((p - q).abs().max()) for p, q in zip(a["params"], b["params"])),
@@ -265,4 +272,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"| {world} | {max_norm:g} | {n['norm']:.4g} | {n['after']:.4g} | "
                   f"{n['bucket']:.4g} | {n['rel']:.3g} | {n['cos']:.4f} | "
                   f"{n['params']:.3g} / {n['update']:.3g} |")
+    print("\nThe buckets of rank 0 under bucket, in the order the hook saw them:\n")
+    print("| ranks | max norm | bucket | elements | share of elements | share of the squared "
+          "norm | coefficient |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for world, r in results.items():
+        for max_norm, n in r["numerics"]:
+            for i, (numel, share, energy, coef) in enumerate(n["buckets"]):
+                print(f"| {world} | {max_norm:g} | {i} | {numel:,} | {share:.3f} | {energy:.3f} "
+                      f"| {coef:.4g} |")
     return 0

@@ -72,6 +72,9 @@ class BucketClip:
     """fp16: the loss scaler whose scale the buckets' gradients carry; None without scaling."""
     process_group: dist.ProcessGroup | None = None
     """DDP's process group (None: the default group)."""
+    record: list | None = None
+    """When a list, every bucket's (elements, unscaled local norm, coefficient) is appended to it
+    (the last two as 0-d device tensors), for `bench clip`."""
 
 
 def clip_then_allreduce(state: BucketClip, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
@@ -83,6 +86,8 @@ def clip_then_allreduce(state: BucketClip, bucket: dist.GradBucket) -> torch.fut
         norm = norm / state.scaler.scale
     threshold = bucket_threshold(state.max_norm, grads.numel(), state.total_numel)
     coef = clip_coefficient(norm, threshold, if_nonfinite=math.nan)
+    if state.record is not None:
+        state.record.append((grads.numel(), norm, coef))
     grads.mul_(coef * (1.0 / state.world_size))  # DDP's own average multiplies by 1/W too
     work = dist.all_reduce(grads, group=state.process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
