@@ -8,16 +8,19 @@ OUT ?= out
 # already met (a bare `torch` would download a multi-GB CUDA build). GPU machines bring their own.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup system-deps test test-fast demo demo-wiki bench-prep gpu-check lint clean
+.PHONY: setup system-deps test test-fast demo demo-wiki bench-prep gpu-check lint clean \
+	container-image container-test
 
 setup: system-deps $(VENV)/.installed
 
-# OpenMPI, Slurm (a private single-node cluster is started by the tests) and shellcheck; installed
-# when running as root on Debian/Ubuntu, else the tests that need them skip with the reason.
-APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck slurmctld slurmd slurm-client munge
+# OpenMPI, Slurm (a private single-node cluster is started by the tests), shellcheck, and podman
+# with runc, catatonit (--init) and debootstrap (make container-test); installed when running as
+# root on Debian/Ubuntu, else the tests that need them skip with the reason.
+APT_PACKAGES := openmpi-bin libopenmpi-dev shellcheck slurmctld slurmd slurm-client munge \
+	podman runc catatonit debootstrap
 system-deps:
 	@missing=""; \
-	for tool in mpirun shellcheck slurmctld slurmd munged; do \
+	for tool in mpirun shellcheck slurmctld slurmd munged podman runc debootstrap; do \
 	  command -v $$tool >/dev/null 2>&1 || [ -x /usr/sbin/$$tool ] || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -35,10 +38,24 @@ $(VENV)/.installed: pyproject.toml setup.py
 	touch $@
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --ignore=tests/container
 
 test-fast: setup
-	$(PY) -m pytest -q tests -m "not slow"
+	$(PY) -m pytest -q tests --ignore=tests/container -m "not slow"
+
+# The image for real, with podman and runc (root): container/build.sh makes a Debian bookworm base
+# (debootstrap + podman import) and builds the Dockerfile on it with the CPU torch wheel (both
+# cached); container-test then runs the CPU job in it through run_with_docker.sh (podman's CLI and
+# the docker client on `podman system service`) and `sbatch run.sub` (CONTAINER_RUNTIME=podman),
+# and the launch failures. Not part of `make test` (README "Running": the measured cost).
+# container/containers.conf: runc and lowered ulimits, which VMs like this project's CI need.
+CONT ?= localhost/bertperf:cpu
+container-image: export CONTAINERS_CONF ?= $(CURDIR)/container/containers.conf
+container-image: setup
+	CONT=$(CONT) PYTHON=$(PY) bash container/build.sh
+
+container-test: setup
+	$(PY) -m pytest -q tests/container
 
 # The default job (README): FOLDOC through the reference data chain, a tiny BERT trained from
 # scratch on 2 CPU ranks to the demo target (config_CPU_1x2x32x1.sh), the MLPerf log checked by
@@ -81,7 +98,7 @@ gpu-check: setup
 	    --data $(OUT)/wiki_sample/packed --report $$report
 
 lint:
-	shellcheck -x *.sh run.sub .ci/run data_prep/*.sh compliance/*.sh
+	shellcheck -x *.sh run.sub .ci/run data_prep/*.sh compliance/*.sh container/*.sh
 	$(VENV)/bin/hadolint Dockerfile
 
 clean:

@@ -7,7 +7,8 @@
 # data, the initial checkpoint and LOGDIR mounted at fixed paths, and per run drops the page cache
 # (drop_caches.sh, when allowed) and runs run_and_time.sh inside it, which starts DGXNGPU ranks
 # with torchrun. Console output goes to LOGDIR/<DATESTAMP>_<i>.log, the MLPerf log to
-# LOGDIR/result_<DATESTAMP>_<i>.txt.
+# LOGDIR/result_<DATESTAMP>_<i>.txt. Any engine with docker's CLI: DOCKER=podman, or the docker
+# client on `podman system service` (DOCKER_HOST=unix://...), as `make container-test` runs it.
 set -euo pipefail
 
 : "${CONT:?set CONT, the container image (docker build -t bertperf:latest .)}"
@@ -31,7 +32,9 @@ source "${CONFIG_FILE}"
 [[ -f "${EVAL_FILE}" ]] || fail "EVAL_FILE ${EVAL_FILE}: no such file"
 "${DOCKER}" image inspect "${CONT}" >/dev/null 2>&1 \
   || fail "container image ${CONT}: not found (docker build -t ${CONT} . or docker pull it)"
-mkdir -p "${LOGDIR}"
+if ! mkdir -p "${LOGDIR}" 2>/dev/null || [[ ! -w "${LOGDIR}" ]]; then
+  fail "LOGDIR ${LOGDIR}: not writable"
+fi
 
 mounts=(-v "${DATADIR_PHASE2}:/workspace/data_phase2:ro"
         -v "$(dirname "${EVAL_FILE}"):/workspace/evaldata:ro" -v "${LOGDIR}:/results")
@@ -53,9 +56,13 @@ for var in "${config_vars[@]}"; do
   [[ " ${inside[*]%%=*} " == *" ${var} "* ]] || env_args+=(--env "${var}=${!var}")
 done
 
-"${DOCKER}" run --rm --init --detach --gpus all --net=host --uts=host --ipc=host \
-  --ulimit=stack=67108864 --ulimit=memlock=-1 --name="${CONT_NAME}" "${mounts[@]}" \
-  "${CONT}" sleep infinity >/dev/null
+# NVIDIA's options for a GPU run: every GPU, unlimited locked memory (pinned buffers, RDMA), a
+# 64 MB stack. A CPU config (DEVICE=cpu) needs none of them, and where the runtime may not raise
+# those limits (podman/runc on a VM) it runs with the engine's defaults.
+gpu_args=(--gpus all --ulimit=stack=67108864 --ulimit=memlock=-1)
+[[ "${DEVICE:-cuda}" == cpu ]] && gpu_args=()
+"${DOCKER}" run --rm --init --detach "${gpu_args[@]}" --net=host --uts=host --ipc=host \
+  --name="${CONT_NAME}" "${mounts[@]}" "${CONT}" sleep infinity >/dev/null
 trap '"${DOCKER}" rm -f "${CONT_NAME}" >/dev/null 2>&1 || true' EXIT
 
 for i in $(seq 1 "${NEXP}"); do
