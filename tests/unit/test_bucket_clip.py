@@ -255,3 +255,16 @@ def test_bench_clip_shows_the_overlap_and_the_difference(tmp_path):
     buckets = [line.split("|") for line in out.stdout.split("The buckets")[1].splitlines()
                if line.startswith("| 3 | 0.01 |")]
     assert len(buckets) >= 3 and all(float(b[7]) < 1 for b in buckets), out.stdout
+
+
+def test_resume_needs_the_same_clipping(tmp_path):
+    """A checkpoint saved with the switch on does not resume with it off, nor the other way; a
+    fingerprint with it off has no key for it (checkpoints written before the switch)."""
+    from bertperf.config import load
+    from bertperf.train.checkpoint import _check_config, fingerprint
+    on, off = (fingerprint(load(env_for(tmp_path / v, CLIP_BEFORE_ALLREDUCE=v))) for v in "10")
+    assert "CLIP_BEFORE_ALLREDUCE" not in off
+    _check_config(Path("ckpt.pt"), on, on)
+    for saved, mine in ((on, off), (off, on)):
+        with pytest.raises(UserError, match="CLIP_BEFORE_ALLREDUCE"):
+            _check_config(Path("ckpt.pt"), saved, mine)

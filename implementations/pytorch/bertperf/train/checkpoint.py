@@ -87,6 +87,8 @@ def fingerprint(cfg) -> dict[str, Any]:
            "OPT_LAMB_BETA_1": o.beta1, "OPT_LAMB_BETA_2": o.beta2,
            "WEIGHT_DECAY_RATE": o.weight_decay, "EPSILON": o.epsilon,
            "MAX_GRAD_NORM": o.max_grad_norm}
+    if o.clip_before_allreduce:  # only then: checkpoints without the key clipped after it
+        run["CLIP_BEFORE_ALLREDUCE"] = True
     return {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
             for k, v in {**model, **run}.items()}
 
