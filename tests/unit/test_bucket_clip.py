@@ -2,8 +2,9 @@
 ranks: the hook's reduced gradients equal each rank's buckets clipped by hand and averaged (with
 accumulation and a loss scale, in DDP's one first-step bucket and in its rebuilt buckets), a
 non-finite bucket on one rank skips the step on both; the trainer (setup and train_step) with
-the switch on equals that reference after a step, with it off the global-norm clip after the
-all-reduce, as before; the switch's parsing and its refusal next to SHARDED_LAMB."""
+the switch on equals that reference after a step (with Lamb and with FlatLamb), with it off the
+global-norm clip after the all-reduce, as before; the switch's parsing, its refusal next to
+SHARDED_LAMB and its place in the resume fingerprint; `bench clip`."""
 
 from __future__ import annotations
 
@@ -153,7 +154,8 @@ def reference_step(trainer, micro, before: bool) -> list[torch.Tensor]:
     core = BertForPreTraining(trainer.core.config)  # (a deepcopy drops lamb_row_blocks)
     core.load_state_dict(trainer.core.state_dict())
     opt = make_optimizer("lamb", param_groups(core, trainer.cfg.optim.weight_decay), lr=0.0)
-    opt.load_state_dict(trainer.optimizer.state_dict())  # the LR the schedule set, betas, eps
+    # the LR the schedule set, betas, eps (copied: FlatLamb's moments are views of its buffer)
+    opt.load_state_dict(copy.deepcopy(trainer.optimizer.state_dict()))
     divisors = trainer.dist.sum(torch.stack([m.counts for m in micro]).sum(0)).clamp(min=1) / WORLD
     for m in micro:
         forward_loss(core, m.inputs, divisors).backward()
@@ -169,16 +171,16 @@ def reference_step(trainer, micro, before: bool) -> list[torch.Tensor]:
     return [p.detach().clone() for p in core.parameters()]
 
 
-def trainer_rank(rank: int, env: dict, ports: dict, out: Path) -> None:
+def trainer_rank(rank: int, env: dict, runs: list[tuple[str, str, int]], out: Path) -> None:
     from bertperf.config import load
     from bertperf.mlperf.log import MLPerfLogger
     from bertperf.model import UnpaddedBatch
     from bertperf.train.loop import DeviceBatches, setup, train_step
     torch.set_num_threads(1)
-    for switch, port in ports.items():
-        cfg = load({**env, "CLIP_BEFORE_ALLREDUCE": switch, "RANK": str(rank),
+    for switch, flat, port in runs:
+        cfg = load({**env, "CLIP_BEFORE_ALLREDUCE": switch, "FLAT_LAMB": flat, "RANK": str(rank),
                     "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank), "MASTER_PORT": str(port)})
-        trainer = setup(cfg, MLPerfLogger(out / f"log_{switch}_{rank}.txt", rank=rank,
+        trainer = setup(cfg, MLPerfLogger(out / f"log_{switch}{flat}_{rank}.txt", rank=rank,
                                           echo=False))
         batches = DeviceBatches(trainer.loader, trainer.device, UnpaddedBatch)
         micro = [next(batches) for _ in range(GA)]
@@ -188,7 +190,7 @@ def trainer_rank(rank: int, env: dict, ports: dict, out: Path) -> None:
         mine, other = want[switch == "1"], want[switch == "0"]
         assert max(float((a - b).abs().max()) for a, b in zip(mine, other)) > 1e-4
         for i, (a, b) in enumerate(zip(got, mine)):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{switch} {i}")
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{switch} {flat} {i}")
         trainer.loader.close()
         trainer.dist.close()
 
@@ -196,8 +198,8 @@ def trainer_rank(rank: int, env: dict, ports: dict, out: Path) -> None:
 def test_trainer_clips_before_allreduce_only_when_switched_on(tmp_path):
     env = {**env_for(tmp_path, GRADIENT_STEPS=str(GA), MAX_GRAD_NORM=str(TRAIN_MAX_NORM)),
            "DATA_VERIFY": "none", "DIST_TIMEOUT": "60", "MASTER_ADDR": "127.0.0.1"}
-    ports = {"1": free_port(), "0": free_port()}
-    mp.start_processes(trainer_rank, args=(env, ports, tmp_path), nprocs=WORLD,
+    runs = [("1", "0", free_port()), ("1", "1", free_port()), ("0", "0", free_port())]
+    mp.start_processes(trainer_rank, args=(env, runs, tmp_path), nprocs=WORLD,
                        start_method="spawn")
 
 
