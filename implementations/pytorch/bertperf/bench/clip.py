@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import os
 import platform
 import tempfile
 from pathlib import Path
@@ -77,13 +78,14 @@ def _numbers(text: str, kind: type, flag: str) -> list:
 # ---- one rank --------------------------------------------------------------------------------
 
 def _model(args: argparse.Namespace):
+    import torch
+
     from bertperf.model import BertConfig, BertForPreTraining
     config = dataclasses.replace(BertConfig.named(args.config), hidden_dropout_prob=0.0,
                                  attention_probs_dropout_prob=0.0)
     if args.layers is not None:
         config = dataclasses.replace(config, num_hidden_layers=args.layers)
     config = dataclasses.replace(config, max_position_embeddings=max(args.seq, 8))
-    import torch
     torch.manual_seed(0)
     return BertForPreTraining(config)
 
@@ -177,8 +179,9 @@ def _numerics(args: argparse.Namespace, inputs: dict, divisors, max_norm: float)
         t = Trainee(args, mode, max_norm)
         t.backward(inputs, divisors)  # DDP's first backward: one bucket; rebuilt after it
         t.opt.zero_grad()
-        if t.hook is not None:
-            t.hook.record = []
+        if t.hook is not None:  # bucket: the buckets the hook clips, for the third table
+            hook = t.hook
+            hook.record = []
         t.backward(inputs, divisors)
         before = [p.detach().clone() for p in t.core.parameters()]
         outcome = t.step()
@@ -189,9 +192,9 @@ def _numerics(args: argparse.Namespace, inputs: dict, divisors, max_norm: float)
     a, b = out["after"], out["bucket"]
     diff = float(global_grad_norm([x - y for x, y in zip(a["grads"], b["grads"])]))
     x, y = (torch.cat([g.double().reshape(-1) for g in m["grads"]]) for m in (a, b))
-    record = [(n, float(norm) ** 2, float(coef)) for n, norm, coef in t.hook.record]
+    record = [(n, float(norm) ** 2, float(coef)) for n, norm, coef in hook.record]
     squares = sum(sq for _, sq, _ in record)
-    return {"buckets": [(n, n / t.hook.total_numel, sq / squares, coef) for n, sq, coef in record],
+    return {"buckets": [(n, n / hook.total_numel, sq / squares, coef) for n, sq, coef in record],
             "norm": a["norm"], "after": a["handed"], "bucket": b["handed"],
             "rel": diff / max(a["handed"], 1e-30),
             "cos": float(x @ y / (x.norm() * y.norm()).clamp(min=1e-30)),
@@ -239,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     model = _model(args)
     params = sum(p.numel() for p in model.parameters())
     print(f"bench clip, {datetime.date.today()}: {platform.machine()} {platform.system()}, "
-          f"{torch.get_num_threads()} cores; torch {torch.__version__}, gloo, one thread a rank; "
+          f"{os.cpu_count()} cores; torch {torch.__version__}, gloo, one thread a rank; "
           f"BERT {args.config} ({model.config.num_hidden_layers} layers, {params:,} parameters), "
           f"{args.batch} sequences of up to {args.seq} tokens a rank; DDP bucket_cap_mb "
           f"{args.bucket_mb if args.bucket_mb is not None else 'default'}\n")
