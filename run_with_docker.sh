@@ -30,6 +30,11 @@ source "${CONFIG_FILE}"
 : "${EVAL_FILE:?the config must set EVAL_FILE}"
 [[ -d "${DATADIR_PHASE2}" ]] || fail "DATADIR_PHASE2 ${DATADIR_PHASE2}: no such folder"
 [[ -f "${EVAL_FILE}" ]] || fail "EVAL_FILE ${EVAL_FILE}: no such file"
+# mount sources as absolute paths (a relative one, as the CPU config's default, would name a volume)
+DATADIR_PHASE2=$(realpath "${DATADIR_PHASE2}")
+EVAL_FILE=$(realpath "${EVAL_FILE}")
+LOGDIR=$(realpath -m "${LOGDIR}")
+[[ -z "${INIT_CHECKPOINT:-}" ]] || INIT_CHECKPOINT=$(realpath -m "${INIT_CHECKPOINT}")
 "${DOCKER}" image inspect "${CONT}" >/dev/null 2>&1 \
   || fail "container image ${CONT}: not found (docker build -t ${CONT} . or docker pull it)"
 if ! mkdir -p "${LOGDIR}" 2>/dev/null || [[ ! -w "${LOGDIR}" ]]; then

@@ -401,6 +401,18 @@ def test_run_with_docker_mounts_env_and_runs(docker_env, tmp_path):
     assert "RESULT,bert" in (tmp_path / "results" / "t_2.log").read_text()
 
 
+def test_run_with_docker_mounts_relative_paths_as_folders(docker_env, tmp_path):
+    """A relative data path (the CPU config's default, out/demo/...) is mounted by its absolute
+    path: docker and podman read a relative `-v` source as the name of a volume."""
+    env = {**docker_env, "DATADIR_PHASE2": os.path.relpath(docker_env["DATADIR_PHASE2"], ROOT),
+           "LOGDIR": os.path.relpath(docker_env["LOGDIR"], ROOT)}
+    run = run_with_docker(env)
+    assert run.returncode == 0, run.stderr
+    start = (tmp_path / "docker.log").read_text().splitlines()[1]
+    assert f"-v {tmp_path}/data:/workspace/data_phase2:ro" in start
+    assert f"-v {tmp_path}/results:/results" in start
+
+
 def test_run_with_docker_cpu_config_asks_for_no_gpu(docker_env, tmp_path):
     """The CPU config (DEVICE=cpu) starts its container without GPUs and without the raised
     locked-memory and stack limits, which a runtime may refuse (podman and runc on a VM)."""
