@@ -269,7 +269,7 @@ class Run:
 @dataclass(frozen=True)
 class Published:
     """An MLPerf result: olympic mean of its 10 runs and their mean samples trained, recomputed
-    from the result logs (../shared/docs/nvidia_mlperf_bert_facts.md §6, §8.2-8.3)."""
+    from the result logs in mlcommons/training_results_v1.1 and v2.0 (`logs` names the folder)."""
 
     label: str
     logs: str
