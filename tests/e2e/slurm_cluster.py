@@ -142,18 +142,37 @@ class SlurmCluster:
             raise
         return self
 
+    # the parts a cluster of several nodes (tests/e2e/netns_cluster.py) changes
+    nodes = 1
+
+    def controller(self) -> str:
+        """slurm.conf's SlurmctldHost."""
+        return f"{self.nodename}(127.0.0.1)"
+
+    def node_names(self) -> list[str]:
+        return [self.nodename]
+
+    def node_lines(self) -> str:
+        """slurm.conf's NodeName lines."""
+        return (f"NodeName={self.nodename} NodeAddr=127.0.0.1 CPUs={self.cpus} "
+                f"RealMemory={_mem_mb()} State=UNKNOWN")
+
+    def slurmd_commands(self) -> list[tuple[str, list[str]]]:
+        """(name, argv) of every slurmd to start (in the foreground, -D)."""
+        return [("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf), "-N", self.nodename])]
+
     def _start(self) -> None:
         root = self.root
         assert root is not None
         root.chmod(0o755)
-        for d in ("state", "spool"):
+        for d in ("state", "spool", *(f"spool/{n}" for n in self.node_names())):
             (root / d).mkdir(mode=0o755)
         sock = root / "munge.sock"
         ctld_port, slurmd_port = _free_ports(2)
         user = _username()
         (root / "slurm.conf").write_text(f"""\
 ClusterName=e2e
-SlurmctldHost={self.nodename}(127.0.0.1)
+SlurmctldHost={self.controller()}
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
@@ -162,9 +181,9 @@ CredType=cred/munge
 SlurmUser={user}
 SlurmdUser={user}
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd.%n.pid
 SlurmctldLogFile={root}/slurmctld.log
 SlurmdLogFile={root}/slurmd.log
 SlurmctldDebug=info
@@ -185,7 +204,7 @@ MinJobAge=3600
 KillWait=2
 InactiveLimit=0
 SlurmdParameters=config_overrides
-NodeName={self.nodename} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={_mem_mb()} State=UNKNOWN
+{self.node_lines()}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 {self.extra_conf}
 """)
@@ -206,9 +225,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         self._wait_for("munged", lambda: sock.exists() and subprocess.run(
             [_which("munge"), "-n", "-S", str(sock)], capture_output=True).returncode == 0)
         self._spawn("slurmctld", [_which("slurmctld"), "-D", "-f", str(self.conf)], daemon_env)
-        self._spawn("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf), "-N", self.nodename],
-                    daemon_env)
-        self._wait_for("slurmd", lambda: self._node_state() == "idle")
+        for name, argv in self.slurmd_commands():
+            self._spawn(name, argv, daemon_env)
+        self._wait_for("slurmd", lambda: self._node_state().split() == ["idle"] * self.nodes)
 
     def _spawn(self, name: str, argv: list, env: dict) -> None:
         assert self._sup is not None and self._sup.stdin and self._sup.stdout

@@ -116,3 +116,50 @@ def test_sigterm_swallowed_where_it_landed_stops_the_next_step():
     assert signal.getsignal(signal.SIGTERM) is before
     with failures_as_errors(3):
         raise_if_terminated()
+
+
+def test_a_failed_collective_names_the_ranks_no_longer_heard_from():
+    """The heartbeat store names silent ranks and their host when a collective fails; a rank
+    that cannot reach the store says so; with every rank alive the old wording stays."""
+    import time
+
+    import torch.distributed as tdist
+
+    from bertperf.train import dist
+
+    class Store:  # the TCPStore calls the heartbeat makes
+        def __init__(self):
+            self.data, self.up = {}, True
+
+        def set(self, key, value):
+            self.data[key] = value.encode()
+
+        def get(self, key):
+            if not self.up:
+                raise RuntimeError("connection refused")
+            return self.data[key]
+
+        def set_timeout(self, timeout):
+            pass
+
+    store, beat = Store(), dist._heartbeat
+    try:
+        beat.start(0, 4, every=0.05, store=store)
+        now = time.time()
+        for r, host in [(1, "n1"), (2, "n2"), (3, "n2")]:
+            store.set(f"bertperf/alive/{r}", f"{now - (9 if host == 'n2' else 0)} {host}")
+        with pytest.raises(dist.FollowOnError) as err:
+            with dist.failures_as_errors(0):
+                raise tdist.DistBackendError("Timed out waiting 10000ms for recv operation")
+        assert str(err.value).startswith("rank 0: a collective failed (Timed out waiting")
+        assert str(err.value).endswith("ranks 2, 3 (on n2) silent for 9 s: lost")
+        store.up = False
+        assert beat.silent() == ("the rendezvous store cannot be reached either: this rank lost "
+                                 "the others")
+        store.up = True
+        for r in range(4):
+            store.set(f"bertperf/alive/{r}", f"{time.time()} n1")
+        assert beat.silent() == ""
+    finally:
+        beat.stop.set()
+        beat.world_size = 0

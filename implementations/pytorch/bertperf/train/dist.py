@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import signal
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -46,6 +48,7 @@ class Dist:
         """Leave the group. The barrier and the pause let gloo's worker threads finish releasing
         the last collectives' tensors (which takes the GIL) before the group's destructor joins
         those threads while holding the GIL; without them a rank could hang at exit."""
+        _heartbeat.stop.set()
         if self.active and tdist.is_initialized():
             tdist.barrier()
             time.sleep(0.2)
@@ -65,7 +68,64 @@ def init(cfg: DistConfig, device: torch.device) -> Dist:
             backend="nccl" if device.type == "cuda" else "gloo", init_method=init_method,
             rank=cfg.rank, world_size=cfg.world_size,
             timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        _heartbeat.start(cfg.rank, cfg.world_size, every=min(5.0, cfg.timeout_s / 8))
     return Dist(cfg.rank, cfg.world_size)
+
+
+class Heartbeat:
+    """Every rank writes "<time> <host>" to the process group's store every `every` seconds (a
+    daemon thread), so that when a collective fails the ranks that can still reach the store can
+    name the ranks that went silent: a dead host or a cut link shows as ranks no longer heard
+    from, where the collective itself only says that it timed out."""
+
+    KEY = "bertperf/alive/{}"
+
+    def __init__(self) -> None:
+        self.every = 5.0
+        self.rank = self.world_size = 0
+        self.stop = threading.Event()
+
+    def start(self, rank: int, world_size: int, every: float, store=None) -> None:
+        """Beat for `rank` of `world_size` into `store` (default: the default group's)."""
+        self.rank, self.world_size, self.every = rank, world_size, every
+        self.stop.clear()
+        self.store = store or tdist.distributed_c10d._get_default_store()
+        self.beat()
+        threading.Thread(target=self.run, name="bertperf-heartbeat", daemon=True).start()
+
+    def beat(self) -> None:
+        self.store.set(self.KEY.format(self.rank), f"{time.time():.3f} {socket.gethostname()}")
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            try:
+                self.beat()
+            except Exception:  # the store is gone: the collective that waits on it will say so
+                return
+
+    def silent(self) -> str:
+        """Which ranks have not been heard from for 3 heartbeats (and on which hosts), or why
+        that cannot be told; "" when every rank is alive or there is no group."""
+        if not self.world_size:
+            return ""
+        self.stop.set()
+        try:
+            self.store.set_timeout(datetime.timedelta(seconds=5))
+            beats = [self.store.get(self.KEY.format(r)).decode().split(" ", 1)
+                     for r in range(self.world_size)]
+        except Exception:
+            return "the rendezvous store cannot be reached either: this rank lost the others"
+        now = time.time()
+        lost = [(r, host, now - float(t)) for r, (t, host) in enumerate(beats)
+                if now - float(t) > 3 * self.every]
+        if not lost:
+            return ""
+        hosts = sorted({host for _, host, _ in lost})
+        return (f"rank{'s' if len(lost) > 1 else ''} {', '.join(str(r) for r, _, _ in lost)} "
+                f"(on {', '.join(hosts)}) silent for {min(a for _, _, a in lost):.0f} s: lost")
+
+
+_heartbeat = Heartbeat()
 
 
 class FollowOnError(UserError):
@@ -106,8 +166,9 @@ def failures_as_errors(rank: int) -> Iterator[None]:
     except RuntimeError as exc:  # DistBackendError and the other torch.distributed errors
         if isinstance(exc, tdist.DistError) or any(
                 word in str(exc) for word in ("gloo", "Gloo", "NCCL", "Connection closed")):
+            lost = _heartbeat.silent()
             raise FollowOnError(f"rank {rank}: a collective failed ({_first_line(exc)}); "
-                                "did another rank die?") from None
+                                + (lost or "did another rank die?")) from None
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
