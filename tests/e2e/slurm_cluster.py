@@ -363,12 +363,9 @@ def local_slurm_cluster(parent: str | Path = "/tmp", **kw) -> Iterator[SlurmClus
 if __name__ != "__main__":                           # the supervisor does not need pytest
     import pytest
 
-    @pytest.fixture(scope="session")
-    def slurm_cluster() -> Iterator[SlurmCluster]:
-        missing = missing_binaries()
-        if missing:
-            pytest.skip(f"{INSTALL_HINT}; missing: {' '.join(missing)}")
-        cluster = SlurmCluster()
+    def started(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+        """A fixture's body: `cluster` started (skipped for a non-root user who cannot start
+        it, failed with the daemons' logs otherwise) and stopped after its tests."""
         try:
             cluster.start()
         except (SlurmStartError, OSError, subprocess.SubprocessError) as e:
@@ -376,12 +373,19 @@ if __name__ != "__main__":                           # the supervisor does not n
             if os.getuid() != 0:
                 pytest.skip(f"Slurm is installed but could not be started as non-root "
                             f"uid {os.getuid()} (run as root): {str(e)[:2000]}")
-            pytest.fail(f"Slurm is installed but the local cluster did not start: {e}",
+            pytest.fail(f"Slurm is installed but the cluster did not start: {e}",
                         pytrace=False)
         try:
             yield cluster
         finally:
             cluster.stop()
+
+    @pytest.fixture(scope="session")
+    def slurm_cluster() -> Iterator[SlurmCluster]:
+        missing = missing_binaries()
+        if missing:
+            pytest.skip(f"{INSTALL_HINT}; missing: {' '.join(missing)}")
+        yield from started(SlurmCluster())
 
 
 # ------------------------------------------------------------------------------- supervisor

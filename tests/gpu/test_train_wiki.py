@@ -36,7 +36,7 @@ def packed_shards(wiki_sample) -> Path:
     """out/wiki_sample/packed, prepared as `make demo-wiki` and `prep pack` make it (both skip
     what is already there and verifies)."""
     if not (WIKI / "unpadded" / "MANIFEST.json").is_file():
-        run = subprocess.run(["make", "demo-wiki"], cwd=ROOT, capture_output=True, text=True,
+        run = subprocess.run(["make", "demo-wiki", f"WIKI_SAMPLE={wiki_sample}"], cwd=ROOT, capture_output=True, text=True,
                              check=False)
         assert run.returncode == 0, run.stderr[-2000:]
     run = bertperf("prep", "pack", "--input", str(WIKI / "unpadded"),

@@ -188,11 +188,11 @@ def _check_model(path: Path, saved: dict[str, torch.Tensor], model: torch.nn.Mod
 
 def _check_config(path: Path, saved: dict[str, Any], mine: dict[str, Any]) -> None:
     """Every setting equal, except that BATCHSIZE and WORLD_SIZE may change together when their
-    product (the global micro-batch) does not and the data is not stratified (whose per-rank bin
-    counts follow BATCHSIZE): the loader's state then decides (data/loader.py)."""
+    product (the global micro-batch) does not: the loader's state then decides whether its
+    order allows that (data/loader.py: split global_batch, data not stratified)."""
     keys = set(saved) | set(mine)
     product = [(d.get("BATCHSIZE") or 0) * (d.get("WORLD_SIZE") or 0) for d in (saved, mine)]
-    if product[0] == product[1] and mine.get("LAYOUT") != "stratified":
+    if product[0] == product[1]:
         keys -= {"BATCHSIZE", "WORLD_SIZE"}
     for key in sorted(keys):
         if saved.get(key) != mine.get(key):
