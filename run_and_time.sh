@@ -14,7 +14,7 @@
 #     allocation (LAUNCHER=srun).
 # The MLPerf score is the run_start..run_stop interval of the MLPerf log (MLLOG_FILE); the RESULT
 # line is the whole process's wall-clock time, as in NVIDIA's scripts, printed only for a run that
-# started training.
+# ended by its rules (a killed or crashed run says that it failed).
 set -euo pipefail
 
 fail() { echo "run_and_time.sh: error: $*" >&2; exit 1; }
@@ -121,11 +121,21 @@ fi
 end=$(date +%s)
 if [[ "${rank}" == 0 ]]; then
   echo "ENDING TIMING RUN AT $(date +%Y-%m-%d\ %r)"
-  # RESULT only for a run that started training: its MLPerf log holds run_start and was written
-  # after this script started (not an older log of the same name). Rank 0 writes that log.
+  # RESULT only for a run that ended by its rules: the MLPerf log it wrote after this script
+  # started (not an older log of the same name) has run_stop (success, or aborted at
+  # MAX_SAMPLES_TERMINATION / MAX_STEPS) and the trainer exited 0. A run that started training
+  # and was killed or crashed says that it failed; one that failed before (no run_start) has
+  # said why in its own error line.
+  started=0
   if [[ -n "$(find "${MLLOG_FILE}" -newermt "@${start_ns}" 2>/dev/null)" ]] \
       && grep -q '"key": "run_start"' "${MLLOG_FILE}"; then
+    started=1
+  fi
+  if [[ "${started}" == 1 && "${status}" == 0 ]] && grep -q '"key": "run_stop"' "${MLLOG_FILE}"
+  then
     echo "RESULT,bert,${SEED},$(( end - start )),${USER:-$(id -un)},${start_fmt}"
+  elif [[ "${started}" == 1 ]]; then
+    echo "run_and_time.sh: the run failed (exit status ${status}); no RESULT line" >&2
   fi
 fi
 exit "${status}"

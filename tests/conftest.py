@@ -5,12 +5,17 @@ Wikipedia sample exists only in ../shared, and the tests that need it skip witho
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests import reaper
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -25,6 +30,73 @@ def pytest_configure(config):
     paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
     if not paths or not all(path.is_relative_to(GPU_TESTS) for path in paths):
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under `pytest -n N --dist loadgroup` (make test's unit tests) a module's tests share a
+    worker, so its module fixtures are made once."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item (no_process_outlives_its_test reads it)."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test(request, monkeypatch):
+    """Every process a test starts carries its tag (tests/reaper.py); what is left of them after
+    the test is killed, and fails a test that had passed."""
+    tag = f"{os.getpid()}-{next(_test_numbers)}"
+    monkeypatch.setenv(reaper.TAG, tag)
+    yield
+    killed = reaper.reap(tag)
+    call = getattr(request.node, "report_call", None)
+    if killed and call is not None and call.passed:
+        pytest.fail(f"{len(killed)} process(es) outlived the test and were killed: "
+                    + "; ".join(f"pid {p.pid}: {p.command[:200]}" for p in killed),
+                    pytrace=False)
+
+
+_test_numbers = itertools.count()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(name, kib): a folder on a tmpfs of that size, which fills as a real disk does
+    (ENOSPC); unmounted after the test. Mounting needs root (CI runs as root)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a small tmpfs (a disk that fills) needs root to mount")
+    mounts = []
+
+    def make(name: str, kib: int) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounts.append(path)
+        return path
+
+    yield make
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture(scope="session")
+def cpu_emulates_bf16() -> bool:
+    """Whether this CPU's bf16 matmuls are emulated (no AVX-512 BF16 or AMX: 60x slower than
+    fp32 on the 2-core AVX2 EPYC), measured as the trainer's warning measures it; tests that
+    would train in bf16 take fp32 there."""
+    import torch
+
+    from bertperf.train.checks import SLOW_PRECISION, matmul_slowdown
+    return matmul_slowdown(torch.bfloat16) > SLOW_PRECISION
 
 
 @pytest.fixture(scope="session")

@@ -18,28 +18,8 @@ from tests.unit.test_scripts import LAUNCH_VARS, config_env
 pytestmark = pytest.mark.slow
 
 
-def prepare_demo(out) -> subprocess.CompletedProcess:
-    """data_prep/prepare_demo.sh into `out`, as `make demo` runs it (skips where FOLDOC or the
-    vocab cannot be had)."""
-    from bertperf.errors import UserError
-    from bertperf.resources import find_vocab
-    try:
-        vocab = find_vocab()
-    except UserError as exc:
-        pytest.skip(f"MLPerf vocab not found ({exc}); `make demo` installs it")
-    env = {**os.environ, "OUT_DIR": str(out), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH,
-           "VOCAB": str(vocab)}
-    prep = subprocess.run(["bash", str(ROOT / "data_prep" / "prepare_demo.sh")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    if prep.returncode != 0 and "cannot fetch dict-foldoc" in prep.stderr:
-        pytest.skip("dict-foldoc is neither installed nor downloadable here (apt-get download)")
-    assert prep.returncode == 0, prep.stderr[-3000:]
-    return prep
-
-
-def test_prepare_demo_and_a_short_demo_run(tmp_path):
-    out = tmp_path / "demo"
-    prep = prepare_demo(out)
+def test_prepare_demo_and_a_short_demo_run(demo_data, tmp_path):
+    out, prep = demo_data
     assert "12014 articles" in prep.stdout and "verify: " in prep.stdout
     assert "0 problem(s)" in prep.stdout
 

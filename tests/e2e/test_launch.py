@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,8 @@ def test_every_config_passes_check(tmp_path):
     ones), which validates the whole job: DGXNNODES x DGXNGPU ranks."""
     data = make_dataset(tmp_path / "data", n_train=16)
     packed = packed_copy(data, tmp_path / "packed")
-    for path in sorted(ROOT.glob("config_*x*.sh")):
+
+    def check(path: Path) -> None:
         env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS},
                **config_env(path)}
         world = int(env["DGXNNODES"]) * int(env["DGXNGPU"])
@@ -170,6 +172,9 @@ def test_every_config_passes_check(tmp_path):
         run = run_and_time(env, tmp_path, "--check")
         assert run.returncode == 0, f"{path.name}: {run.stderr}"
         assert f"global batch {gbs} ({world} ranks" in run.stdout, path.name
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # one process a core
+        list(pool.map(check, sorted(ROOT.glob("config_*x*.sh"))))
 
 
 def test_cluster_configs_use_their_rcp_row():

@@ -16,6 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from tests.e2e.test_train_ddp import base_env, free_port
 from tests.unit.test_train import (MAX_PRED, VOCAB, add_manifests, copy_task, make_dataset,
@@ -255,3 +256,61 @@ def test_nothing_is_left_half_written(data, tmp_path):
     assert result.returncode == 1 and "missing.json" in error_line(result.stderr)
     assert not list(tmp_path.rglob(".*.tmp-*"))
 
+
+
+# ---- full disks (a small tmpfs, mounted as root) -----------------------------------------------
+
+def test_a_full_logdir_stops_the_run_at_once(data, tmp_path, small_disk):
+    """The MLPerf log's disk fills mid-run: the run stops at the line it cannot write with one
+    line naming the log and "no space left on device", exit 1; logging's per-line tracebacks
+    ("--- Logging error ---") never appear."""
+    logdir = small_disk("logs", 8)
+    env = {**base_env(data, tmp_path, 1), "LOGDIR": str(logdir),
+           "MLLOG_FILE": str(logdir / "result_0.txt"), "MAX_STEPS": "100000",
+           "EVAL_ITER_SAMPLES": "100000", "LOG_FREQ": "1", "CHECKPOINT_DIR": ""}
+    result = run(env, tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert error_line(result.stderr) == (f"bertperf: error: MLPerf log {logdir / 'result_0.txt'}: "
+                                         "cannot write: no space left on device; the run stops")
+    assert "Logging error" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_full_checkpoint_folder_stops_the_run_and_keeps_the_last(data, tmp_path, small_disk):
+    """The checkpoint folder's disk fills: one line naming the checkpoint, its folder and the
+    cause, exit 1, no temporary left, and the checkpoints written before still load."""
+    from bertperf.train.checkpoint import newest_first
+    probe = tmp_path / "probe"
+    done = run({**base_env(data, probe, 1), "MAX_STEPS": "2", "CHECKPOINT_DIR": str(probe)},
+               tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    size = newest_first(probe)[0].stat().st_size
+    ck = small_disk("ck", (3 * size) // 1024 + 4)  # two fit, the third does not
+    env = {**base_env(data, tmp_path / "run", 1), "CHECKPOINT_DIR": str(ck),
+           "CHECKPOINT_EVERY": "1", "MAX_STEPS": "50"}
+    result = run(env, tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    kept = newest_first(ck)
+    assert 1 <= len(kept) <= 3 and not list(ck.glob(".*"))
+    failed = ck / f"ckpt_{int(kept[0].name[5:13]) + 1:08d}.pt"
+    assert error_line(result.stderr) == (f"bertperf: error: checkpoint {failed}: cannot write: "
+                                         f"no space left on device (in {ck}); nothing under that "
+                                         "name changed")
+    for path in kept:
+        assert torch.load(path, weights_only=True)["step"] == int(path.name[5:13])
+
+
+def test_a_damaged_checkpoint_is_said_once_by_two_ranks(data, tmp_path):
+    """Both ranks of a job read the same damaged checkpoint: the damage is said once, by rank 0
+    (rank 1 only fails after it), and the launcher's last line quotes it."""
+    bad = tmp_path / "ckpt_00000004.pt"
+    bad.write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    env = {**base_env(data, tmp_path, 2), "RESUME_FROM": str(bad)}
+    result = subprocess.run([*LAUNCH, "--nproc-per-node", "2", "train"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.count(f"checkpoint {bad}: damaged, cannot be read") == 2, result.stderr
+    errors = [l for l in result.stderr.splitlines() if l.startswith("bertperf: error:")]
+    assert errors[-1].startswith("bertperf: error: rank 0 (local rank 0, pid ")
+    assert errors[-1].endswith(f": checkpoint {bad}: damaged, cannot be read (truncated or "
+                               "corrupt: PytorchStreamReader failed reading zip archive: "
+                               "failed finding central directory)"), errors[-1]

@@ -12,7 +12,6 @@ import pytest
 
 from bertperf.__main__ import main
 from bertperf.bench.loader import synthetic_samples
-from bertperf.data.balance import imbalance
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
 from bertperf.data.order import StratifiedPlan, bin_quota

@@ -7,7 +7,6 @@ import struct
 import subprocess
 import sys
 
-import pytest
 
 from bertperf.__main__ import main
 from bertperf.bench.prep import STUB

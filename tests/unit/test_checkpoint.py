@@ -5,6 +5,8 @@ errors naming the file."""
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import subprocess
@@ -63,7 +65,7 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, data):
-    from bertperf.train.checkpoint import file_name, latest
+    from bertperf.train.checkpoint import file_name, newest_first
     from tests.unit.test_mlperf_log import check
     full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck_a")))
     assert len(full) == N and len(set(full)) == N
@@ -74,7 +76,7 @@ def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, dat
                                      CHECKPOINT_EVERY="4", MAX_SAMPLES_TERMINATION=str(N // 2 * 8)))
     assert half == full[:N // 2]
     assert sorted(p.name for p in ck.iterdir()) == [file_name(s) for s in (4, 8, 10)]
-    assert latest(ck) == ck / file_name(10)
+    assert newest_first(ck)[0] == ck / file_name(10)
 
     # from the latest (mid-epoch, between evals) and from step 8 (the end of epoch 0)
     for resume_from, k, out in (("auto", N // 2, "c"), (str(ck / file_name(8)), 8, "d")):
@@ -174,7 +176,86 @@ def test_truncated_checkpoint_is_one_line_error(tmp_path, data, saved):
     proc = cli(base_env(data, tmp_path, RESUME_FROM=str(cut)))
     assert proc.returncode == 1
     lines = [l for l in proc.stderr.splitlines() if not l.startswith("warning: ")]
-    assert len(lines) == 1 and lines[0].startswith(f"bertperf: error: checkpoint {cut}: unreadable")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"bertperf: error: checkpoint {cut}: damaged, cannot be read (truncated or corrupt: ")
+    assert lines[0].endswith(")") and "If you are seeing this error" not in lines[0], lines[0]
+
+
+def test_auto_resumes_from_the_newest_checkpoint_that_loads(tmp_path, monkeypatch, capsys,
+                                                            data, saved):
+    """RESUME_FROM=auto passes over a damaged newer checkpoint (a run killed while writing it,
+    a disk that filled), says so once, and resumes from the newest one that loads; when none
+    loads it is one line naming the folder and the newest."""
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train import loop
+    from bertperf.train.checkpoint import file_name
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    good = ck / file_name(2)
+    good.write_bytes(saved.read_bytes())
+    blob = saved.read_bytes()
+    (ck / file_name(3)).write_bytes(blob[:len(blob) // 3])
+    (ck / file_name(4)).write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    env = base_env(data, tmp_path / "out", CHECKPOINT_DIR=str(ck), RESUME_FROM="auto",
+                   MAX_SAMPLES_TERMINATION="24")
+    losses = run(monkeypatch, env)
+    err = capsys.readouterr().err
+    assert len(losses) == 1  # from step 2 (16 samples) to 24 samples
+    said = [l for l in err.splitlines() if l.startswith("RESUME_FROM=auto: ")]
+    assert len(said) == 1, err
+    assert said[0].startswith(f"RESUME_FROM=auto: checkpoint {ck / file_name(4)}: damaged, "
+                              "cannot be read (truncated or corrupt: ")
+    assert f"; checkpoint {ck / file_name(3)}: damaged, cannot be read" in said[0]
+    assert said[0].endswith(f"; resuming from the newest checkpoint that loads, {good}")
+    assert f"resuming from {good}: step 2, 16 samples trained" in err
+    for name in (file_name(2), file_name(3)):
+        (ck / name).write_bytes(b"damaged too")
+    (ck / file_name(3)).unlink()
+    with pytest.raises(UserError) as raised:
+        loop.main(config.load(env))
+    assert str(raised.value).startswith(f"RESUME_FROM=auto: none of the 2 checkpoints in {ck} "
+                                        f"can be read (the newest: checkpoint {ck / file_name(4)}")
+
+
+class FullDisk(io.FileIO):
+    """A file on a disk with `room` bytes free: past them, writes fail as a full disk does."""
+
+    room = 0
+
+    def write(self, data) -> int:
+        if len(data) > FullDisk.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        FullDisk.room -= len(data)
+        return super().write(data)
+
+
+def test_a_full_checkpoint_folder_stops_with_one_line_and_keeps_the_last(tmp_path, monkeypatch,
+                                                                         data, saved):
+    """The disk fills while the second checkpoint is written: one line naming the file, its
+    folder and the cause (not torch's "unexpected pos"), no temporary left, and the first
+    checkpoint still resumes."""
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train import checkpoint, loop
+    from bertperf.train.checkpoint import file_name
+    FullDisk.room = int(saved.stat().st_size * 1.5)  # one checkpoint fits, two do not
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode: FullDisk(path, "w"),
+                        raising=False)
+    ck = tmp_path / "ck"
+    env = base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(ck), CHECKPOINT_EVERY="2")
+    with pytest.raises(UserError) as err:
+        loop.main(config.load(env))
+    assert str(err.value) == (f"checkpoint {ck / file_name(4)}: cannot write: no space left on "
+                              f"device (in {ck}); nothing under that name changed")
+    assert sorted(p.name for p in ck.iterdir()) == [file_name(2)]
+    monkeypatch.undo()
+    log = (tmp_path / "a" / "log.txt").read_text()
+    assert '"status": "aborted"' in log
+    rest = run(monkeypatch, base_env(data, tmp_path / "b", CHECKPOINT_DIR=str(ck),
+                                     RESUME_FROM="auto", MAX_SAMPLES_TERMINATION="24"))
+    assert len(rest) == 1
 
 
 def test_other_settings_and_missing_file_are_errors(tmp_path, monkeypatch, capsys, data, saved):

@@ -165,6 +165,14 @@ def test_bad_flags(tmp_path, vocab_file, corpus, capsys):
     assert "max_seq_length" in capsys.readouterr().err
     assert create(vocab_file, [tmp_path / "nope*.txt"], [tmp_path / "o.hdf5"]) == 1
     assert "no input file matches" in capsys.readouterr().err
+    assert create(vocab_file, [corpus], [tmp_path / "o.hdf5"], "--max_predictions_per_seq=0") == 1
+    assert capsys.readouterr().err == ("bertperf: error: --max_predictions_per_seq=0: must be at "
+                                       "least 1 (every sample masks at least one token)\n")
+    assert create(vocab_file, [tmp_path], [tmp_path / "o.hdf5"]) == 1
+    assert capsys.readouterr().err == (f"bertperf: error: {tmp_path}: is a folder; --input_file "
+                                       "takes files (a folder of part files goes to --input_dir, "
+                                       "with --output_dir)\n")
+    assert not (tmp_path / "o.hdf5").exists()
 
 
 # ---- eval --------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ with our extra keys too; a log path used again starts a fresh log and keeps the 
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import subprocess
 import sys
@@ -131,7 +133,85 @@ def test_an_empty_log_is_not_kept_and_other_ranks_touch_nothing(tmp_path):
     path = tmp_path / "result_0.txt"
     path.write_text("")
     assert MLPerfLogger(path, echo=False).kept is None
-    assert list(tmp_path.iterdir()) == [path]
+    assert sorted(tmp_path.iterdir()) == [tmp_path / ".result_0.txt.lock", path]
+    MLPerfLogger(None, echo=False)  # the newest logger of the process: the lock is released
     path.write_text("a run\n")
     assert MLPerfLogger(path, rank=1, echo=False).kept is None
     assert path.read_text() == "a run\n" and list(tmp_path.iterdir()) == [path]
+
+
+class FullDisk(io.RawIOBase):
+    """A file that takes `room` bytes, then fails as a full disk does."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return len(data)
+
+
+def test_a_failed_write_stops_the_run_with_one_line(tmp_path, capsys):
+    """The disk fills under the log: the event that cannot be written raises one UserError
+    naming the file and the cause; nothing after it is logged (nor printed by logging)."""
+    from bertperf.errors import UserError
+    path = tmp_path / "result_0.txt"
+    log = MLPerfLogger(path, echo=False)
+    log.start(C.INIT_START)
+    log._file.stream = io.TextIOWrapper(FullDisk(room=600), write_through=True)
+    log.event(C.SEED, 1)  # fits
+    with pytest.raises(UserError) as err:
+        for _ in range(10):
+            log.event(C.SEED, 1)
+    assert str(err.value) == (f"MLPerf log {path}: cannot write: no space left on device; "
+                              "the run stops")
+    log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED})  # the way out: nothing, no error
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_a_log_another_live_run_writes_is_refused(tmp_path):
+    """A second run on the same MLLOG_FILE while the first still writes it: refused in one line
+    naming the other process, and the live log is neither renamed nor touched; once that run
+    has ended, its log is kept as .1 as usual and the lock is gone."""
+    from bertperf.errors import UserError
+    path = tmp_path / "result_0.txt"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from bertperf.mlperf.log import MLPerfLogger; "
+         f"MLPerfLogger({str(path)!r}, echo=False).event('seed', 1); print('ready', flush=True); "
+         "sys.stdin.readline()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "ready\n"
+        live = path.read_text()
+        with pytest.raises(UserError) as err:
+            MLPerfLogger(path, echo=False)
+        assert str(err.value).startswith(f"MLPerf log {path} is being written by another run "
+                                         f"(pid {holder.pid} on ")
+        assert path.read_text() == live and not (tmp_path / "result_0.txt.1").exists()
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert not (tmp_path / ".result_0.txt.lock").exists()
+    assert MLPerfLogger(path, echo=False).kept == tmp_path / "result_0.txt.1"
+
+
+def test_an_exception_raised_mid_write_goes_on_up(tmp_path, capsys, monkeypatch):
+    """SIGTERM's handler raises where the main thread is, possibly inside the log's flush: that
+    exception reaches the caller, not logging's "--- Logging error ---" printer or the log."""
+    path = tmp_path / "result_0.txt"
+    log = MLPerfLogger(path, echo=False)
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupted():
+        raise Interrupted("stopped by SIGTERM")
+
+    monkeypatch.setattr(log._file, "flush", interrupted)
+    with pytest.raises(Interrupted):
+        log.event(C.SEED, 1)
+    assert "Logging error" not in capsys.readouterr().err
+    assert "Failed to encode" not in path.read_text()

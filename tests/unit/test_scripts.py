@@ -1,7 +1,7 @@
 """The shell scripts and the Dockerfile: shellcheck and hadolint clean, no `eval`, the files the
 Dockerfile copies exist; the configs leave MLPerf's constants to the trainer; run_and_time.sh
 reads ranks as the trainer does, validates the whole job with --check and prints RESULT only for
-runs that started training (driven with stand-in programs: no launcher or GPU needed);
+runs that ended by their rules (driven with stand-in programs: no launcher or GPU needed);
 drop_caches.sh; and run_with_docker.sh drives a stand-in `docker` (no engine here) with the right
 mounts, environment and number of runs, or stops early with a one-line error."""
 
@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests import reaper
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted([*ROOT.glob("*.sh"), ROOT / "run.sub", ROOT / ".ci" / "run",
@@ -59,7 +61,8 @@ def test_no_eval_in_shell_scripts():
 
 def clean_env(**extra: str) -> dict:
     """A bare environment: nothing of the test process's own (launcher variables, NEXP) leaks."""
-    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **extra}
+    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
+            **{k: v for k, v in os.environ.items() if k == reaper.TAG}, **extra}
 
 
 def test_configs_leave_mlperf_constants_to_the_trainer():
@@ -132,8 +135,9 @@ exec "{python}" "{trainer}" "$@"
 
 STUB_TRAINER = """# Stand-in trainer: prints how it was started and where bertperf.config puts it (rank, world,
 # local rank, CACHE_CLEAR) on stderr, which `--check >/dev/null` keeps; then writes the MLPerf log
-# as STUB_TRAIN says: start (init_start and run_start), init (a fresh log that never reached
-# run_start) or fail (no log).
+# and exits as STUB_TRAIN says: stop (init_start, run_start, run_stop; 0), killed (no run_stop;
+# 137), crash (run_stop aborted; 1), init (a fresh log that never reached run_start; 1) or fail
+# (no log; 1).
 import os
 import sys
 
@@ -146,11 +150,12 @@ print(f"RAN {args} | {d.rank} {d.world_size} {d.local_rank} {os.environ.get('CAC
 if args.endswith("--check"):
     sys.exit(0)
 how = os.environ["STUB_TRAIN"]
-if how != "fail":
+keys = {"stop": 3, "killed": 2, "crash": 3, "init": 1, "fail": 0}[how]
+if keys:
     with open(os.environ["MLLOG_FILE"], "w") as log:
-        for key in ("init_start", "run_start")[:2 if how == "start" else 1]:
+        for key in ("init_start", "run_start", "run_stop")[:keys]:
             log.write(MLLOG_LINE.format(key=key))
-sys.exit(0 if how == "start" else 1)
+sys.exit({"stop": 0, "killed": 137}.get(how, 1))
 """
 
 MLLOG_LINE = (':::MLLOG {{"namespace": "", "time_ms": 1, "event_type": "INTERVAL_START", '
@@ -177,7 +182,7 @@ def standins(tmp_path) -> dict:
     return clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHON=str(python), BATCHSIZE="8",
                      GRADIENT_STEPS="1", LR="0.1", MAX_STEPS="10", DATADIR_PHASE2="data",
                      EVAL_FILE="eval.hdf5", DGXNGPU="2", SEED="7", CLEAR_CACHES="1",
-                     MLLOG_FILE=str(tmp_path / "result.txt"), STUB_TRAIN="start",
+                     MLLOG_FILE=str(tmp_path / "result.txt"), STUB_TRAIN="stop",
                      MASTER_ADDR="127.0.0.1")
 
 
@@ -241,23 +246,28 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("outcome", ["start", "init", "fail", "old log"])
+@pytest.mark.parametrize("outcome", ["stop", "killed", "crash", "init", "fail", "old log"])
 @pytest.mark.parametrize("mode", MODES)
-def test_result_only_for_runs_that_started_training(standins, tmp_path, mode, outcome):
-    """RESULT needs this run's MLPerf log with run_start: not for a run that failed before
-    training (no log, or a log without run_start), nor because of an older log of that name."""
+def test_result_only_for_runs_that_ended_by_their_rules(standins, tmp_path, mode, outcome):
+    """RESULT needs an exit status of 0 and this run's MLPerf log with run_stop: not for a run
+    killed in training (no run_stop), one that crashed (run_stop aborted, status 1), one that
+    failed before training (no log, or a log without run_start), nor because of an older log of
+    that name. The runs that started training and did not end so say that they failed."""
     log = Path(standins["MLLOG_FILE"])
     if outcome == "old log":
-        log.write_text(MLLOG_LINE.format(key="run_start"))
+        log.write_text("".join(MLLOG_LINE.format(key=k) for k in ("run_start", "run_stop")))
         hour_ago = time.time() - 3600
         os.utime(log, (hour_ago, hour_ago))
     env = {**standins, **MODES[mode], "STUB_TRAIN": "fail" if outcome == "old log" else outcome}
     run = run_and_time(env, tmp_path)
-    started = outcome == "start"
-    assert run.returncode == (0 if started else 1), run.stderr
+    ended = outcome == "stop"
+    status = {"stop": 0, "killed": 137}.get(outcome, 1)
+    assert run.returncode == status, run.stderr
     assert "STARTING TIMING RUN" in run.stdout and "ENDING TIMING RUN" in run.stdout
     results = [line for line in run.stdout.splitlines() if line.startswith("RESULT,")]
-    assert len(results) == started and all(r.startswith("RESULT,bert,7,") for r in results)
+    assert len(results) == ended and all(r.startswith("RESULT,bert,7,") for r in results)
+    failed = f"run_and_time.sh: the run failed (exit status {status}); no RESULT line"
+    assert (failed in run.stderr.splitlines()) == (outcome in ("killed", "crash")), run.stderr
 
 
 @pytest.mark.parametrize("gpus", ["1", "2"])

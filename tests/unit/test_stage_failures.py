@@ -146,3 +146,27 @@ def test_a_failed_stage_keeps_and_records_what_it_finished(tmp_path, inputs, cap
     assert (out / done).stat().st_mtime_ns == made  # skipped: verified against the record
     assert len(json.loads((out / "MANIFEST.json").read_text())["files"]) == 2
     assert not [p for p in left(out) if Path(p).name.startswith(".")], left(out)
+
+
+@pytest.mark.parametrize("stage", ["create", "unpad", "chop", "pack"])
+def test_a_stage_on_a_full_disk_says_so_in_one_line(tmp_path, capsys, stage, request,
+                                                    small_disk):
+    """The output's disk fills (a tmpfs of one page): one line naming an output file and "no
+    space left on device" (not HDF5's text over two lines), exit 1, nothing half-written."""
+    d = {k: tmp_path / k for k in ("text", "parts", "padded", "unpadded", "nvidia", "packed",
+                                   "dictd")}
+    for folder in d.values():
+        folder.mkdir()
+    (d["parts"] / "part-00000-of-00001").write_text(PART_TEXT * 20)
+    s = samples(5, n=200)
+    hdf5io.write_samples(d["padded"] / "a.hdf5", s, np.arange(len(s)), 512, 76, 30522)
+    write_shard(d["unpadded"] / "a.h5", s, 512, 76)
+    nvidia.write_varlen(d["nvidia"] / "a.hdf5", s)
+    vocab = request.getfixturevalue("vocab_file") if stage == "create" else None
+    out = small_disk("out", 4)
+    assert cli(*stage_args(stage, d, out, vocab)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [e for e in err if e.startswith("bertperf: error: ")]
+    assert len(errors) == 1 and errors[0] == err[-1], err
+    assert f"bertperf: error: {out}/" in errors[0] and "no space left on device" in errors[0], err
+    assert not [p for p in left(out) if Path(p).name.startswith(".")], left(out)

@@ -326,7 +326,7 @@ def test_any_file_of_the_checkpoint_stands_for_its_prefix(tmp_path, capsys, stat
 
 def test_a_checkpoint_file_whose_index_is_missing_names_the_index(tmp_path):
     for suffix in (".index", ".data-00000-of-00001"):
-        with pytest.raises(UserError, match=rf"model\.ckpt-8\.index: no such file"):
+        with pytest.raises(UserError, match=r"model\.ckpt-8\.index: no such file"):
             load_init_checkpoint(tmp_path / f"model.ckpt-8{suffix}", CONFIG)
 
 

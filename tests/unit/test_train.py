@@ -126,6 +126,24 @@ def test_reference_eval_interval():
     ({"USE_CUDA_GRAPH": "1", "COMPILE": "eager"}, "cannot go with it"),
     ({"MASKED_LM_PROB": "0"}, "MASKED_LM_PROB must be in"),
     ({"FLAT_LAMB": "maybe"}, "FLAT_LAMB='maybe' is not a valid auto or yes/no value"),
+    ({"LR": "-1"}, r"^LR must be > 0 \(0 would train nothing\), got -1.0$"),
+    ({"LR": "0"}, r"^LR must be > 0 \(0 would train nothing\), got 0.0$"),
+    ({"LR": "nan"}, "LR must be > 0"),
+    ({"OPT_LAMB_BETA_1": "2"}, r"^OPT_LAMB_BETA_1 must be in \[0, 1\), got 2.0$"),
+    ({"OPT_LAMB_BETA_2": "1"}, r"^OPT_LAMB_BETA_2 must be in \[0, 1\), got 1.0$"),
+    ({"EPSILON": "-1"}, "^EPSILON must be > 0, got -1.0$"),
+    ({"WEIGHT_DECAY_RATE": "-1"}, "^WEIGHT_DECAY_RATE must be >= 0, got -1.0$"),
+    ({"MAX_GRAD_NORM": "-1"}, "MAX_GRAD_NORM must be >= 0"),
+    ({"WARMUP_STEPS": "2.5"}, "WARMUP_STEPS must be a whole number of steps >= 0, got 2.5"),
+    ({"WARMUP_PROPORTION": "1.5"}, r"WARMUP_PROPORTION must be in \[0, 1\]"),
+    ({"INIT_LOSS_SCALE": "0"}, "INIT_LOSS_SCALE must be > 0"),
+    ({"EVAL_ITER_SAMPLES": "0"}, "EVAL_ITER_SAMPLES must be at least 1 sample, got 0"),
+    ({"MAX_SAMPLES_TERMINATION": "0"}, "MAX_SAMPLES_TERMINATION must be at least 1 sample"),
+    ({"LOG_FREQ": "-1"}, "LOG_FREQ must be >= 0 steps"),
+    ({"DEVICE": "gpu"}, "^DEVICE must be one of auto, cuda, cpu, not 'gpu'$"),
+    ({"DIST_TIMEOUT": "0"}, "^DIST_TIMEOUT must be a number of seconds > 0, got 0.0$"),
+    ({"DIST_TIMEOUT": "soon"}, "DIST_TIMEOUT='soon' is not a valid float"),
+    ({"MASTER_PORT": "70000"}, "^MASTER_PORT must be a TCP port, 1-65535, got 70000$"),
 ])
 def test_config_errors_are_one_line(tmp_path, change, message):
     from bertperf.config import load
@@ -233,6 +251,94 @@ def test_train_help_describes_every_setting():
     assert "".join("Micro-batches accumulated into one optimizer step. (env GRADIENT_STEPS; "
                    "default 1)".split()) in helps["--gradient-steps"]
     assert "(envPLOT;default0)" in helps["--plot"] and helps["--lr"].endswith("(envLR)")
+
+
+def test_dist_settings_have_flags_and_units_in_the_help():
+    """The rendezvous settings are listed with their variables, defaults and units, and their
+    flags win over the variables as every setting's do."""
+    import subprocess
+    import sys
+
+    from bertperf.config import DistConfig
+    out = subprocess.run([sys.executable, "-m", "bertperf", "train", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    flat = " ".join(out.split())
+    assert ("--dist-timeout DIST_TIMEOUT Seconds a collective may wait for the other ranks "
+            "before the job fails, naming the ranks gone silent. (env DIST_TIMEOUT; default "
+            "1800.0)") in flat
+    assert "--master-port MASTER_PORT TCP port of that store, 1-65535. (env MASTER_PORT; " \
+        "default 29500)" in flat
+    assert "--warmup-steps WARMUP_STEPS Linear warm-up, in optimizer steps" in flat
+    assert "--max-samples-termination MAX_SAMPLES_TERMINATION The run aborts once this many " \
+        "samples (sequences)" in flat
+    env = {"DIST_TIMEOUT": "60", "MASTER_PORT": "1234"}
+    assert (DistConfig.from_env(env).dist_timeout, DistConfig.from_env(env).master_port) == \
+        (60.0, 1234)
+
+
+def test_flags_win_over_the_dist_variables(tmp_path):
+    from bertperf.config import load
+    cfg = load(env_for(tmp_path, DIST_TIMEOUT="60", MASTER_PORT="1234"),
+               {"dist.dist_timeout": "7", "dist.master_port": "4321"})
+    assert (cfg.dist.dist_timeout, cfg.dist.master_port) == (7.0, 4321)
+
+
+def test_settings_that_run_badly_draw_a_warning(tmp_path, monkeypatch):
+    """LR above 1 (a diverging run), and bf16/fp16 on a CPU that emulates those matmuls (the
+    slowdown measured there); fp32, and a CPU that has the instructions, draw none."""
+    from bertperf.config import load
+    from bertperf.train import checks
+    env = env_for(tmp_path)
+    assert checks.run_warnings(load({**env, "LR": "1e9"})) == [
+        "LR=1e+09 is above 1: LAMB moves every tensor by LR times its own norm a step, so this "
+        "run will diverge (MLPerf's recipes use 1e-4 to 4e-3)"]
+    measured = []
+    monkeypatch.setattr(checks, "matmul_slowdown", lambda dtype: measured.append(dtype) or 31.4)
+    bf16 = load({**env, "PRECISION": "bf16", "DEVICE": "cpu"})
+    assert checks.run_warnings(bf16) == [
+        "PRECISION=bf16 on this CPU: its bf16 matmuls measured 31x slower than fp32's (no "
+        "instructions for them; emulated), so this run will be several times slower than in "
+        "fp32 (PRECISION=fp32)"]
+    assert measured == [torch.bfloat16]
+    assert checks.run_warnings(load({**env, "DEVICE": "cpu"})) == []
+    monkeypatch.setattr(checks, "matmul_slowdown", lambda dtype: 0.6)
+    assert checks.run_warnings(load({**env, "PRECISION": "fp16", "DEVICE": "cpu"})) == []
+
+
+def test_matmul_slowdown_tells_an_emulating_cpu():
+    """The probe agrees with the CPU's flags: x86 without avx512_bf16 or amx_bf16 emulates
+    bf16 matmuls, far slower than fp32 (60x on the 2-core AVX2 EPYC the suite runs on)."""
+    import platform
+
+    from bertperf.train.checks import SLOW_PRECISION, matmul_slowdown
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the bf16 flags are read for x86 CPUs")
+    flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines()
+                 if l.startswith("flags")).split()
+    has_bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
+    assert (matmul_slowdown(torch.bfloat16) > SLOW_PRECISION) == (not has_bf16)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"LR": "-1"}, "LR must be > 0"),
+    ({"OPT_LAMB_BETA_1": "2"}, "OPT_LAMB_BETA_1 must be in [0, 1)"),
+    ({"DEVICE": "cuda"}, "DEVICE=cuda needs a CUDA device, and torch "),
+])
+def test_settings_that_crashed_every_rank_stop_before_any_log(tmp_path, monkeypatch, capsys,
+                                                              change, message):
+    """The settings `--check` passed and then every rank crashed on: one line from `train` and
+    from `train --check`, exit 1, and no MLPerf log written."""
+    from bertperf.__main__ import main
+    if "DEVICE" in change and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    env = {**env_for(tmp_path, **change), "MLLOG_FILE": str(tmp_path / "log.txt")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for args in ([], ["--check"]):
+        assert main(["train", *args]) == 1
+        err = capsys.readouterr().err
+        assert err.splitlines() == [err.strip()] and err.startswith(f"bertperf: error: {message}")
+    assert not (tmp_path / "log.txt").exists()
 
 
 # ---- the step ----------------------------------------------------------------------------------
@@ -361,7 +467,7 @@ def test_dist_config_launchers_and_loader_split(tmp_path):
     srun = DistConfig.from_env({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
                                 "SLURM_STEP_ID": "0", "MASTER_ADDR": "node0",
                                 "DIST_TIMEOUT": "30"})
-    assert (srun.rank, srun.world_size, srun.local_rank, srun.master_addr, srun.timeout_s,
+    assert (srun.rank, srun.world_size, srun.local_rank, srun.master_addr, srun.dist_timeout,
             srun.launcher_store) == (3, 4, 1, "node0", 30.0, False)
     mpi = DistConfig.from_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
     assert (mpi.rank, mpi.world_size, mpi.launcher_store) == (0, 2, False)

@@ -7,6 +7,7 @@ import sys
 
 from bertperf.commands import add_commands
 from bertperf.errors import UserError
+from bertperf.formats.files import os_error_line
 
 COMMANDS = {
     "prep": ("bertperf.prep.cli",
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertperf: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # unwritable folder, missing file, full disk: the message names the path
-        print(f"bertperf: error: {exc}", file=sys.stderr)
+        print(f"bertperf: error: {os_error_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("bertperf: interrupted", file=sys.stderr)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -23,6 +23,7 @@ LAYOUTS = ("varlen", "packed", "stratified")
 COMPILE_BACKENDS = ("none", "inductor", "aot_eager", "eager")
 LOADER_SPLITS = ("global_batch", "shards")
 VERIFY_MODES = ("md5", "size", "none")
+DEVICES = ("auto", "cuda", "cpu")
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
@@ -117,7 +118,7 @@ class DataConfig:
     """The eval HDF5 file: padded (`prep eval`'s `eval_10k.hdf5`) or NVIDIA's variable-length
     one (`eval_varlength/part_eval_10k.hdf5`); every sample of it is evaluated."""
     prefetch: int = _var("PREFETCH", int, 2)
-    """Training batches built ahead on the loader's thread (0 = none)."""
+    """Training micro-batches built ahead on the loader's thread (0 = none)."""
     verify: str = _var("DATA_VERIFY", str, "md5")
     """Check the shards and the eval file against their folders' MANIFEST.json before training
     (bertperf.train.preflight): "md5" (sizes, and md5s spread over the ranks), "size" or "none"."""
@@ -137,23 +138,25 @@ class DataConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float | None = _var("LR", float)
-    """Base learning rate of LAMB (required)."""
+    """Base learning rate of LAMB (required; > 0; above 1 draws a warning, as such a run
+    diverges)."""
     max_steps: int | None = _var("MAX_STEPS", int)
     """Optimizer steps of the LR schedule; the run aborts after this many (required)."""
     warmup_steps: float = _var("WARMUP_STEPS", float, 0.0)
-    """Linear warm-up steps; 0 means int(MAX_STEPS * WARMUP_PROPORTION) from step 0."""
+    """Linear warm-up, in optimizer steps (a whole number); 0 means
+    int(MAX_STEPS * WARMUP_PROPORTION) from step 0."""
     warmup_proportion: float = _var("WARMUP_PROPORTION", float, 0.0)
     """Warm-up as a fraction of MAX_STEPS, used only when WARMUP_STEPS is 0."""
     start_warmup_step: float = _var("START_WARMUP_STEP", float, 0.0)
-    """Step at which warm-up starts (NVIDIA's offset semantics; usually <= 0)."""
+    """Optimizer step at which warm-up starts (NVIDIA's offset semantics; usually <= 0)."""
     beta1: float = _var("OPT_LAMB_BETA_1", float, 0.9)
-    """LAMB's first-moment decay."""
+    """LAMB's first-moment decay, in [0, 1)."""
     beta2: float = _var("OPT_LAMB_BETA_2", float, 0.999)
-    """LAMB's second-moment decay."""
+    """LAMB's second-moment decay, in [0, 1)."""
     weight_decay: float = _var("WEIGHT_DECAY_RATE", float, 0.01)
-    """Decoupled weight decay of the decayed group (not biases and LayerNorm)."""
+    """Decoupled weight decay of the decayed group (not biases and LayerNorm), >= 0."""
     epsilon: float = _var("EPSILON", float, 1e-6)
-    """LAMB's epsilon."""
+    """LAMB's epsilon, > 0."""
     max_grad_norm: float = _var("MAX_GRAD_NORM", float, 1.0)
     """Global gradient-norm clip before each step (0 = no clipping)."""
     clip_before_allreduce: bool = _var("CLIP_BEFORE_ALLREDUCE", yes_no, False)
@@ -194,18 +197,21 @@ class TrainConfig:
     """Samples between evals; default MLPerf's formula of the global batch
     (reference_eval_interval)."""
     max_samples_termination: int = _var("MAX_SAMPLES_TERMINATION", int, 14_000_000)
-    """The run aborts once this many samples are trained without reaching the target."""
+    """The run aborts once this many samples (sequences) are trained without reaching the
+    target."""
     target_accuracy: float = _var("TARGET_MLM_ACCURACY", float, TARGET_ACCURACY)
     """Masked-LM accuracy at which the run stops with status success."""
     seed: int = _var("SEED", int, 0)
     """Seed of model init, dropout and data order."""
     precision: str = _var("PRECISION", str, "fp32")
-    """fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling; CUDA only)."""
+    """fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling). Meant for GPUs: on a
+    CPU without bf16/fp16 matmul instructions they are emulated, many times slower than fp32:
+    the trainer then warns with the matmul slowdown it measures (docs/performance.md)."""
     device: str = _var("DEVICE", str, "auto")
     """cuda, cpu or auto (cuda:LOCAL_RANK when CUDA is available)."""
     log_every: int = _var("LOG_FREQ", int, 10)
-    """Progress line every this many optimizer steps (0 = none); the losses, kept on the device
-    meanwhile, are read then and at evals."""
+    """A progress line every this many optimizer steps (0 = none); the losses, kept on the
+    device meanwhile, are read then and at evals."""
     compile: str = _var("COMPILE", str, "none")
     """LAYOUT=packed: torch.compile the micro-step (forward, loss, backward) with this backend:
     none, inductor, or aot_eager / eager (no code generation; tests)."""
@@ -266,12 +272,13 @@ class DistConfig:
     """Number of processes."""
     local_rank: int = 0
     """Rank on this node (picks the GPU)."""
-    master_addr: str = "127.0.0.1"
-    """MASTER_ADDR: host of rank 0's rendezvous store."""
-    master_port: int = 29500
-    """MASTER_PORT: its port."""
-    timeout_s: float = 1800.0
-    """DIST_TIMEOUT: seconds a collective may wait before the job fails."""
+    master_addr: str = _var("MASTER_ADDR", str, "127.0.0.1")
+    """Host of rank 0's rendezvous store (run.sub: the allocation's first node)."""
+    master_port: int = _var("MASTER_PORT", int, 29500)
+    """TCP port of that store, 1-65535."""
+    dist_timeout: float = _var("DIST_TIMEOUT", float, 1800.0)
+    """Seconds a collective may wait for the other ranks before the job fails, naming the ranks
+    gone silent."""
     launcher_store: bool = False
     """True under torchrun (TORCHELASTIC_RUN_ID set): its agent already serves the rendezvous
     store on MASTER_ADDR:MASTER_PORT, so the group joins it with env:// instead of opening its own
@@ -292,16 +299,16 @@ class DistConfig:
                 break
         else:
             got = {}
-        got["master_addr"] = environ.get("MASTER_ADDR", cls.master_addr)
-        if "MASTER_PORT" in environ:
-            got["master_port"] = _parse(environ, "MASTER_PORT", int)
-        if "DIST_TIMEOUT" in environ:
-            got["timeout_s"] = _parse(environ, "DIST_TIMEOUT", float)
+        got.update(_read_section(cls, environ))
         got["launcher_store"] = bool(environ.get("TORCHELASTIC_RUN_ID"))
         out = cls(**got)
         if not 0 <= out.rank < out.world_size:
             raise UserError(f"rank {out.rank} outside 0..{out.world_size - 1} (from the launcher's "
                             "environment)")
+        if not 1 <= out.master_port <= 65535:
+            raise UserError(f"MASTER_PORT must be a TCP port, 1-65535, got {out.master_port}")
+        if not (math.isfinite(out.dist_timeout) and out.dist_timeout > 0):
+            raise UserError(f"DIST_TIMEOUT must be a number of seconds > 0, got {out.dist_timeout}")
         return out
 
 
@@ -316,7 +323,8 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     """Batching, evaluation, stopping, logging."""
     dist: DistConfig = field(default_factory=DistConfig)
-    """This process's place in the job."""
+    """This process's place in the job: its rank, world size and local rank come from the
+    launcher's variables (torchrun, OpenMPI, a Slurm step); these say where the ranks meet."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoint saving and resuming (bertperf.train.checkpoint)."""
 
@@ -346,14 +354,16 @@ class RunConfig:
         return self.train.log_file or self.train.output_dir / "result_0.txt"
 
 
-SECTIONS = ("model", "data", "optim", "train", "checkpoint")
+SECTIONS = ("model", "data", "optim", "train", "checkpoint", "dist")
 
 
 def tunables() -> Iterator[tuple[str, Any]]:
-    """(section name, dataclass field) of every field set by a variable and a flag."""
+    """(section name, dataclass field) of every field set by a variable and a flag (the dist
+    section's rank fields come from the launcher's variables only)."""
     for name in SECTIONS:
         for f in fields(RunConfig.__dataclass_fields__[name].default_factory):
-            yield name, f
+            if "env" in f.metadata:
+                yield name, f
 
 
 def _parse(environ: Mapping[str, str], key: str, conv: Callable[[str], Any]) -> Any:
@@ -364,27 +374,84 @@ def _parse(environ: Mapping[str, str], key: str, conv: Callable[[str], Any]) -> 
         raise UserError(f"{key}={environ[key]!r} is not a valid {what}") from None
 
 
+def _read_section(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
+    """{field: value} of the fields of `cls` whose variable `environ` sets (not empty)."""
+    values = {}
+    for f in fields(cls):
+        env = f.metadata.get("env")
+        if env is not None and environ.get(env, "") != "":
+            values[f.name] = _parse(environ, env, f.metadata["conv"])
+    return values
+
+
 def load(environ: Mapping[str, str], flags: Mapping[str, str] | None = None) -> RunConfig:
     """The configuration from `environ`, overridden by `flags` ({"section.field": text}), checked."""
     flags = flags or {}
     sections = {}
     for name in SECTIONS:
-        values = {}
-        for section, f in tunables():
-            if section != name:
-                continue
-            env, conv = f.metadata["env"], f.metadata["conv"]
-            source = {env: flags[f"{name}.{f.name}"]} if f"{name}.{f.name}" in flags else environ
-            if env in source and source[env] != "":
-                values[f.name] = _parse(source, env, conv)
-        sections[name] = replace(RunConfig.__dataclass_fields__[name].default_factory(), **values)
-    cfg = RunConfig(**sections, dist=DistConfig.from_env(environ))
+        cls = RunConfig.__dataclass_fields__[name].default_factory
+        given = {f.metadata["env"]: flags[f"{name}.{f.name}"] for section, f in tunables()
+                 if section == name and f"{name}.{f.name}" in flags}
+        source = {**environ, **given}
+        sections[name] = cls.from_env(source) if name == "dist" else \
+            cls(**_read_section(cls, source))
+    cfg = RunConfig(**sections)
     validate(cfg)
     return cfg
 
 
+def _check_numbers(cfg: RunConfig) -> None:
+    """The numeric settings in their ranges (a NaN fails every test here)."""
+    o, t = cfg.optim, cfg.train
+    rules = (
+        ("LR", o.lr, o.lr > 0 and math.isfinite(o.lr), "> 0 (0 would train nothing)"),
+        ("OPT_LAMB_BETA_1", o.beta1, 0 <= o.beta1 < 1, "in [0, 1)"),
+        ("OPT_LAMB_BETA_2", o.beta2, 0 <= o.beta2 < 1, "in [0, 1)"),
+        ("EPSILON", o.epsilon, 0 < o.epsilon < math.inf, "> 0"),
+        ("WEIGHT_DECAY_RATE", o.weight_decay, 0 <= o.weight_decay < math.inf, ">= 0"),
+        ("MAX_GRAD_NORM", o.max_grad_norm, 0 <= o.max_grad_norm < math.inf,
+         ">= 0 (0: no clipping)"),
+        ("WARMUP_STEPS", o.warmup_steps, 0 <= o.warmup_steps < math.inf
+         and o.warmup_steps == int(o.warmup_steps), "a whole number of steps >= 0"),
+        ("START_WARMUP_STEP", o.start_warmup_step, math.isfinite(o.start_warmup_step)
+         and o.start_warmup_step == int(o.start_warmup_step), "a whole number of steps"),
+        ("WARMUP_PROPORTION", o.warmup_proportion, 0 <= o.warmup_proportion <= 1, "in [0, 1]"),
+        ("INIT_LOSS_SCALE", o.init_loss_scale, 0 < o.init_loss_scale < math.inf, "> 0"),
+        ("MAX_SAMPLES_TERMINATION", t.max_samples_termination, t.max_samples_termination >= 1,
+         "at least 1 sample"),
+        ("EVAL_ITER_SAMPLES", t.eval_iter_samples,
+         t.eval_iter_samples is None or t.eval_iter_samples >= 1, "at least 1 sample"),
+        ("EVAL_ITER_START_SAMPLES", t.eval_iter_start_samples,
+         t.eval_iter_start_samples is None or t.eval_iter_start_samples >= 0, ">= 0 samples"),
+        ("LOG_FREQ", t.log_every, t.log_every >= 0, ">= 0 steps (0: no progress lines)"),
+        ("PREFETCH", cfg.data.prefetch, cfg.data.prefetch >= 0, ">= 0 batches"),
+    )
+    for key, value, ok, wanted in rules:
+        if not ok:
+            raise UserError(f"{key} must be {wanted}, got {value}")
+
+
+LR_WARN_ABOVE = 1.0
+"""LR above this draws a warning (config.warnings): MLPerf's BERT-large recipes use 1e-4 to
+4e-3 and the demo's tiny model 0.02; LAMB's step is LR times each tensor's norm, so LR >= 1
+changes the weights by more than their own size every step."""
+
+
+def warnings(cfg: RunConfig) -> list[str]:
+    """What a valid configuration still does that a user probably did not mean (printed by
+    `train` and `train --check`, which go on)."""
+    out = []
+    if cfg.optim.lr > LR_WARN_ABOVE:
+        out.append(f"LR={cfg.optim.lr:g} is above {LR_WARN_ABOVE:g}: LAMB moves every tensor by "
+                   "LR times its own norm a step, so this run will diverge (MLPerf's recipes use "
+                   "1e-4 to 4e-3)")
+    return out
+
+
 def validate(cfg: RunConfig) -> None:
     """One-line UserErrors for what would fail later (or silently do the wrong thing)."""
+    if cfg.train.device not in DEVICES:
+        raise UserError(f"DEVICE must be one of {', '.join(DEVICES)}, not {cfg.train.device!r}")
     for key, value in (("BATCHSIZE", cfg.train.batch_size), ("LR", cfg.optim.lr),
                        ("MAX_STEPS", cfg.optim.max_steps)):
         if value is None:
@@ -393,6 +460,7 @@ def validate(cfg: RunConfig) -> None:
                        ("MAX_STEPS", cfg.optim.max_steps), ("EVAL_BATCHSIZE", cfg.train.eval_batch_size)):
         if value < 1:
             raise UserError(f"{key} must be at least 1, got {value}")
+    _check_numbers(cfg)
     if cfg.data.train_dir is None or not cfg.data.train_dir.is_dir():
         raise UserError(f"training data folder {cfg.data.train_dir} (DATADIR_PHASE2 / --train-dir)"
                         " does not exist")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -11,12 +12,48 @@ from typing import Iterable, Iterator
 from bertperf.errors import UserError
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError `exc` is or was raised while handling (libraries such as torch.save and
+    h5py report a failed write as their own error, raised from or during the OSError)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """"no space left on device" (or another one-line reason) when `exc` comes from a failed
+    write to disk; None when it does not."""
+    found = os_error_in(exc)
+    if found is None:
+        return None
+    if found.errno in DISK_FULL:
+        return {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                errno.EFBIG: "file too large for this file system"}[found.errno]
+    return os.strerror(found.errno).lower()
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OSError as one line: the file it names (if any) and its reason (a full disk said so,
+    not in a library's words over several lines)."""
+    reason = write_failure(exc) or " ".join(str(exc).split())
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    return f"{' -> '.join(names)}: {reason}" if names and exc.errno is not None else reason
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.
 
     On any exception (including KeyboardInterrupt) the temporary file is removed, so a final name
-    always means a complete file and nothing already at `path` is lost on failure.
+    always means a complete file and nothing already at `path` is lost on failure. A full disk
+    (or quota) becomes one UserError naming `path`, whatever library did the writing.
     """
     path = Path(path)
     parent = path.parent
@@ -30,9 +67,13 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        found = os_error_in(exc)
+        if found is not None and found.errno in DISK_FULL:
+            raise UserError(f"{path}: cannot write: {write_failure(exc)} (in {parent}); "
+                            "nothing under that name changed") from None
         raise
 
 

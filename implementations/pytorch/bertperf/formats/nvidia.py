@@ -32,7 +32,7 @@ import numpy as np
 from bertperf.benchmark import MAX_PREDICTIONS, MAX_SEQ_LENGTH
 from bertperf.errors import UserError
 from bertperf.formats import packed as packed_format
-from bertperf.formats.hdf5 import read_datasets
+from bertperf.formats.hdf5 import new_file, read_datasets
 from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 from bertperf.formats.unpadded import check
@@ -202,7 +202,7 @@ def _segment_ids(lengths: np.ndarray, b_starts: np.ndarray) -> np.ndarray:
 def write_varlen(path: str | os.PathLike, samples: Samples) -> None:
     """`samples` as a new variable-length file at `path` (callers pass an atomic_output
     temporary)."""
-    with h5py.File(path, "w") as f:
+    with new_file(path) as f:
         _write_vlen(f, "input_ids", samples.input_ids, samples.offsets, np.int16)
         _write_vlen(f, "segment_ids", _segment_ids(samples.lengths, samples.b_starts),
                     samples.offsets, np.int8)
@@ -217,7 +217,7 @@ def write_packed(path: str | os.PathLike, rows: Packed) -> None:
     (what their packed training data looks like)."""
     seqs = rows.row_seq_offsets
     masks = rows.mlm_offsets[seqs]  # each row's first and last mask
-    with h5py.File(path, "w") as f:
+    with new_file(path) as f:
         _write_vlen(f, "input_ids", rows.input_ids, rows.row_offsets, np.int16)
         _write_vlen(f, "segment_ids", _segment_ids(rows.seq_lengths.astype(np.int64),
                                                    rows.b_starts), rows.row_offsets, np.int8)

@@ -30,6 +30,7 @@ max_predictions_per_seq; positions relative to the row), next_sentence_labels [R
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ import numpy as np
 
 from bertperf.errors import UserError
 from bertperf.formats import detect
-from bertperf.formats.hdf5 import read_datasets
+from bertperf.formats.hdf5 import new_file, read_datasets
 from bertperf.formats.samples import Samples, id_dtype, offsets_from_lengths, ranges, same_arrays
 
 FORMAT = "bertperf-packed/1"
@@ -241,7 +242,8 @@ class PackedWriter:
                  wide_ids: bool = False, wide_mlm_ids: bool = False) -> None:
         self.totals = (rows, sequences, tokens, masks)
         self.done = [0, 0, 0, 0]
-        self.f = h5py.File(path, "w")
+        self.stack = contextlib.ExitStack()
+        self.f = self.stack.enter_context(new_file(path))
         self.f.attrs["format"] = FORMAT
         self.f.attrs["max_seq_length"] = int(max_seq_length)
         self.f.attrs["max_predictions_per_seq"] = int(max_pred)
@@ -275,7 +277,7 @@ class PackedWriter:
 
     def close(self) -> None:
         done = self.done
-        self.f.close()
+        self.stack.close()
         if list(self.totals) != done:
             raise ValueError(f"packed file written incompletely ({done} of {self.totals})")
 
@@ -286,7 +288,7 @@ class PackedWriter:
         if exc_type is None:
             self.close()
         else:
-            self.f.close()
+            self.stack.close()
 
 
 def packed_meta(path: str | os.PathLike) -> dict:

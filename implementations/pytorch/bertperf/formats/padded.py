@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from bertperf.errors import UserError
-from bertperf.formats.hdf5 import read_datasets
+from bertperf.formats.hdf5 import new_file, read_datasets
 from bertperf.formats.samples import PADDED_FIELDS as DATASETS
 from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import check as check_unpadded
@@ -40,7 +40,7 @@ def write_samples(path: str | os.PathLike, samples: Samples, rows: np.ndarray,
     shapes = {"input_ids": (n, max_seq_length), "input_mask": (n, max_seq_length),
               "segment_ids": (n, max_seq_length), "masked_lm_positions": (n, max_pred),
               "masked_lm_ids": (n, max_pred), "next_sentence_labels": (n,)}
-    with h5py.File(path, "w") as f:
+    with new_file(path) as f:
         sets = {k: f.create_dataset(k, shape=shapes[k], dtype=types[k]) for k in DATASETS}
         for start in range(0, n, _CHUNK):
             block = samples.to_padded(max_seq_length, max_pred, rows[start:start + _CHUNK])
@@ -49,7 +49,7 @@ def write_samples(path: str | os.PathLike, samples: Samples, rows: np.ndarray,
 
 
 def write_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    with h5py.File(path, "w") as f:
+    with new_file(path) as f:
         for k in DATASETS:
             f.create_dataset(k, data=arrays[k])
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from bertperf.errors import UserError
 from bertperf.formats import detect
-from bertperf.formats.hdf5 import read_datasets
+from bertperf.formats.hdf5 import new_file, read_datasets
 from bertperf.formats.samples import Samples
 
 FORMAT = "bertperf-unpadded/1"
@@ -32,7 +32,7 @@ def write_shard(path: str | os.PathLike, samples: Samples, max_seq_length: int,
                 max_pred: int) -> None:
     """Write `samples` to a new file at `path` (callers pass an atomic_output temporary)."""
     compact = samples.astype_compact()
-    with h5py.File(path, "w") as f:
+    with new_file(path) as f:
         f.attrs["format"] = FORMAT
         f.attrs["max_seq_length"] = max_seq_length
         f.attrs["max_predictions_per_seq"] = max_pred

@@ -12,10 +12,16 @@ Facts on what the checkers demand: ../shared/docs/mlperf_logging.md.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import itertools
 import logging
 import numbers
+import os
 import re
+import socket
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +29,8 @@ from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as C  # noqa: N812 (MLPerf's own constant names)
 
 from bertperf.benchmark import BENCHMARK
+from bertperf.errors import UserError
+from bertperf.formats.files import write_failure
 
 _LOGGER_PREFIX = "bertperf.mllog."
 _logger_numbers = itertools.count()
@@ -57,16 +65,89 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"MLPerf log value {value!r} of type {type(value).__name__} is not JSON-ready")
 
 
+class _Passthrough(BaseException):
+    """Carries an exception raised inside a write (SIGTERM's handler raising FollowOnError
+    mid-flush) past logging's and mllog's `except Exception` clauses, which would print it or
+    log it into the MLPerf log and go on; MLPerfLogger raises it again."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(exc)
+        self.exc = exc
+
+
+class _StrictFileHandler(logging.FileHandler):
+    """A FileHandler that remembers a failed write (a full disk) instead of printing logging's
+    "--- Logging error ---" and going on; the logger then stops the run. Any other exception
+    raised while writing goes on up (_Passthrough)."""
+
+    failed: OSError | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            self.failed = self.failed or exc
+        elif isinstance(exc, Exception):
+            raise _Passthrough(exc) from None
+        else:
+            super().handleError(record)
+
+
+class LogLock:
+    """An exclusive lock on a log's path for as long as this process writes it: a hidden
+    `.<name>.lock` file beside it, holding "<pid> <host>", locked with flock (which the kernel
+    releases when the process ends, however it ends) and removed at a normal exit."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.with_name(f".{path.name}.lock")
+        while True:
+            fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 200).decode(errors="replace").split()
+                os.close(fd)
+                who = f"pid {holder[0]} on {holder[1]}" if len(holder) == 2 else "another process"
+                raise UserError(f"MLPerf log {path} is being written by another run ({who}; "
+                                f"lock {self.file}): give this run its own LOGDIR or MLLOG_FILE, "
+                                "or let that run end") from None
+            try:  # the holder before us may have removed the file between our open and flock
+                if os.stat(self.file).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        self.fd: int | None = fd
+        atexit.register(self.release)
+
+    def release(self) -> None:
+        """Remove the lock file and unlock (in that order: a run waiting for it then finds the
+        file gone and makes its own)."""
+        if self.fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.file)
+            os.close(self.fd)
+            self.fd = None
+
+
+_held: list[LogLock] = []  # the lock of the newest MLPerfLogger of this process
+
+
 class MLPerfLogger:
     """Rank-0 MLPerf logger writing `:::MLLOG {...}` lines to `path` (and to stderr with `echo`).
     mllog has one logger per process: the newest MLPerfLogger is the one that writes, and making
-    one closes the file of the one before."""
+    one closes the file (and releases the lock) of the one before. A log another live process
+    writes is refused (LogLock); a write that fails (a full disk) raises a one-line UserError
+    and nothing more is logged."""
 
     def __init__(self, path: str | Path | None, rank: int = 0, root_dir: str | None = None,
                  echo: bool = True) -> None:
         self.enabled = rank == 0
+        self.path = None if path is None else Path(path)
         self.kept: Path | None = None
         """Where an earlier log at `path` was moved (keep_previous); None when there was none."""
+        self._file: _StrictFileHandler | None = None
         if not self.enabled:
             return
         previous = mllog.get_mllogger().logger
@@ -74,24 +155,39 @@ class MLPerfLogger:
             for handler in list(previous.handlers):
                 previous.removeHandler(handler)
                 handler.close()
+        while _held:
+            _held.pop().release()
         logger = logging.getLogger(f"{_LOGGER_PREFIX}{next(_logger_numbers)}")
         logger.propagate = False
         logger.setLevel(logging.INFO)
         if echo:
             logger.addHandler(logging.StreamHandler())
-        if path is not None:
-            path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.kept = keep_previous(path)
-            logger.addHandler(logging.FileHandler(str(path), mode="w"))
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                _held.append(LogLock(self.path))
+                self.kept = keep_previous(self.path)
+                self._file = _StrictFileHandler(str(self.path), mode="w")
+            except OSError as exc:
+                raise UserError(f"MLPerf log {self.path}: cannot write: "
+                                f"{write_failure(exc) or exc}") from None
+            logger.addHandler(self._file)
         # stack offset 2: the frame that called event/start/end on this object
         mllog.config(logger=logger, default_stack_offset=2, root_dir=root_dir)
         self._mllogger = mllog.get_mllogger()
 
     def _log(self, kind: str, key: str, value: Any, metadata: dict | None) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             getattr(self._mllogger, kind)(key=key, value=_plain(value),
                                           metadata=_plain(metadata or {}), stack_offset=3)
+        except _Passthrough as passed:
+            raise passed.exc from None
+        if self._file is not None and self._file.failed is not None:
+            self.enabled = False  # the run_stop of the error's way out cannot be written either
+            raise UserError(f"MLPerf log {self.path}: cannot write: "
+                            f"{write_failure(self._file.failed)}; the run stops")
 
     def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         self._log("event", key, value, metadata)

@@ -14,10 +14,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from tqdm import tqdm
-
 from bertperf.config import mpi_world_size
 from bertperf.errors import UserError
+from bertperf.formats.files import os_error_line
 
 
 @dataclass
@@ -60,7 +59,7 @@ def _guarded(payload: tuple[Callable, Any]) -> Any:
     except UserError as exc:
         return TaskFailure(str(exc))
     except OSError as exc:
-        return TaskFailure(str(exc))
+        return TaskFailure(os_error_line(exc))
     except Exception as exc:  # a bug: keep the traceback, but one line on the console
         traceback.print_exc(file=sys.stderr)
         return TaskFailure(f"{type(exc).__name__}: {exc}")

@@ -28,9 +28,10 @@ Resuming restores all of it after `setup` (i.e. after init's seeding), so steps 
 resumed from step k compute the same losses, bitwise on CPU, as the uninterrupted run. A resumed
 run writes a new MLPerf log (its own init/run_start; a `resumed` event during init naming the
 checkpoint, its step and samples; block_start at the restored sample count) and says on the
-console where it goes on; RESUME_FROM=auto with no checkpoint yet says that it starts from scratch.
-Errors are one-line UserErrors naming the file: unreadable or truncated file, a checkpoint of
-another model (first mismatching tensor named), or a different run configuration.
+console where it goes on; RESUME_FROM=auto with no checkpoint yet says that it starts from scratch,
+and passes over checkpoints that cannot be read (a run killed while a disk filled), saying so.
+Errors are one-line UserErrors naming the file, said once: a damaged file, a checkpoint of
+another model (first mismatching tensor named), a different run configuration, a full disk.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import torch
 from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert_config import BertConfig
+from bertperf.train.dist import FollowOnError
 
 FORMAT = "bertperf-checkpoint-3"  # 2: step counts and LR on the device; 3: q/k/v one parameter
 NAME = re.compile(r"^ckpt_(\d+)\.pt$")
@@ -67,12 +69,12 @@ def file_name(step: int) -> str:
     return f"ckpt_{step:08d}.pt"
 
 
-def latest(folder: Path) -> Path | None:
-    """The checkpoint of the highest step in `folder` (None when there is none)."""
+def newest_first(folder: Path) -> list[Path]:
+    """The checkpoints in `folder`, the highest step first."""
     if not folder.is_dir():
-        return None
+        return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME.match(p.name))]
-    return max(found)[1] if found else None
+    return [p for _, p in sorted(found, reverse=True)]
 
 
 def fingerprint(cfg) -> dict[str, Any]:
@@ -136,8 +138,11 @@ def save(path: str | Path, trainer, step: int, samples: int, next_eval: int) -> 
         "step": int(step), "samples": int(samples), "next_eval": int(next_eval),
         "config": fingerprint(trainer.cfg),
     }
-    with atomic_output(path) as tmp:
-        torch.save(state, tmp)
+    try:
+        with atomic_output(path) as tmp, open(tmp, "wb") as f:
+            torch.save(state, f)  # through Python's file: a full disk raises ENOSPC, named
+    except UserError as exc:
+        raise UserError(f"checkpoint {exc}") from None
     return path
 
 
@@ -164,12 +169,21 @@ def _read(path: Path) -> dict[str, Any]:
     except IsADirectoryError:
         raise UserError(f"checkpoint {path}: is a folder, expected a file") from None
     except Exception as exc:  # truncated zip, bad pickle, foreign file: torch raises many kinds
-        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"checkpoint {path}: unreadable (truncated or corrupt?): {detail}") from None
+        raise UserError(f"checkpoint {path}: damaged, cannot be read (truncated or corrupt: "
+                        f"{first_sentence(exc)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UserError(f"checkpoint {path}: not a bertperf checkpoint (format "
                         f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
     return state
+
+
+def first_sentence(exc: BaseException, limit: int = 120) -> str:
+    """The first sentence of an exception's message, whole words up to `limit` characters."""
+    text = " ".join(str(exc).split())
+    sentence = text.split(". ")[0].rstrip(".") or type(exc).__name__
+    if len(sentence) > limit:
+        sentence = sentence[:limit].rsplit(" ", 1)[0] + " ..."
+    return sentence
 
 
 def _check_model(path: Path, saved: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
@@ -200,10 +214,8 @@ def _check_config(path: Path, saved: dict[str, Any], mine: dict[str, Any]) -> No
                             f"{mine.get(key)!r}; an exact resume needs the same settings")
 
 
-def load(path: str | Path, trainer) -> Position:
-    """Restore everything `save` wrote into `trainer` (after setup); where the loop goes on."""
-    path = Path(path)
-    state = _read(path)
+def restore(path: Path, state: dict[str, Any], trainer) -> Position:
+    """Restore `state`, read from `path`, into `trainer` (after setup); where the loop goes on."""
     try:
         _check_model(path, state["model"], trainer.core)  # shapes first: names the tensor
         _check_config(path, state["config"], fingerprint(trainer.cfg))
@@ -234,18 +246,59 @@ def load(path: str | Path, trainer) -> Position:
                         ) from None
 
 
-def resume(trainer, report: Callable[[str], None]) -> Position | None:
-    """The init hook: load RESUME_FROM (a file, or "auto" = the latest in CHECKPOINT_DIR) into
-    the trainer and `report` where the run goes on; None for a fresh start (reported for "auto"
-    when CHECKPOINT_DIR holds no checkpoint yet)."""
-    ck = trainer.cfg.checkpoint
-    if ck.resume_from is None:
-        return None
-    path = latest(ck.checkpoint_dir) if ck.resume_from == "auto" else Path(ck.resume_from)
-    if path is None:
+def read_on_every_rank(path: Path, dist, device: torch.device
+                       ) -> tuple[dict | None, str | None, int]:
+    """(the state, None, -1) when every rank read `path`; else (None, this rank's one-line
+    error or None where this rank read it, the lowest rank that could not). Collective."""
+    try:
+        state, problem = _read(path), None
+    except UserError as exc:
+        state, problem = None, str(exc)
+    failed = torch.zeros(dist.world_size, dtype=torch.float64, device=device)
+    failed[dist.rank] = float(problem is not None)
+    ranks = dist.sum(failed).nonzero().flatten().tolist()
+    return (state, None, -1) if not ranks else (None, problem, ranks[0])
+
+
+def pick(trainer, report: Callable[[str], None]) -> tuple[Path, dict] | None:
+    """The checkpoint RESUME_FROM names, read on every rank: the file, or with "auto" the newest
+    in CHECKPOINT_DIR that every rank reads, saying which damaged ones it passed over; None for
+    a fresh start (auto, no checkpoint yet). A file that cannot be read is said once, by the
+    lowest rank that cannot read it; the others fail with a FollowOnError."""
+    ck, dist = trainer.cfg.checkpoint, trainer.dist
+    auto = ck.resume_from == "auto"
+    candidates = newest_first(ck.checkpoint_dir) if auto else [Path(ck.resume_from)]
+    if not candidates:
         report(f"RESUME_FROM=auto: no checkpoint in {ck.checkpoint_dir}; starting from scratch")
         return None
-    start = load(path, trainer)
+    passed = []
+    for path in candidates:
+        state, problem, first = read_on_every_rank(path, dist, trainer.device)
+        if state is not None:
+            if passed:
+                report(f"RESUME_FROM=auto: {'; '.join(passed)}; resuming from the newest "
+                       f"checkpoint that loads, {path}")
+            return path, state
+        passed.append(problem or f"checkpoint {path}: rank {first} cannot read it")
+    if dist.rank != first:
+        raise FollowOnError(f"rank {dist.rank}: cannot resume (rank {first} says why)")
+    if auto:
+        raise UserError(f"RESUME_FROM=auto: none of the {len(candidates)} checkpoints in "
+                        f"{ck.checkpoint_dir} can be read (the newest: {passed[0]})")
+    raise UserError(problem)
+
+
+def resume(trainer, report: Callable[[str], None]) -> Position | None:
+    """The init hook: load RESUME_FROM (a file, or "auto" = the newest in CHECKPOINT_DIR that
+    loads) into the trainer and `report` where the run goes on; None for a fresh start
+    (reported for "auto" when CHECKPOINT_DIR holds no checkpoint yet)."""
+    if trainer.cfg.checkpoint.resume_from is None:
+        return None
+    found = pick(trainer, report)
+    if found is None:
+        return None
+    path, state = found
+    start = restore(path, state, trainer)
     cfg = trainer.cfg
     if start.step >= cfg.optim.max_steps or start.samples >= cfg.train.max_samples_termination:
         raise UserError(f"checkpoint {path}: the run already ended there (step {start.step}, "

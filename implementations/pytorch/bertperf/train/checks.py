@@ -1,14 +1,18 @@
 """Checks of a run's configuration that need more than config.py knows, made before any rank
 starts work (`train --check`, run.sub and run_and_time.sh call them first): the batch layout the
 training folder allows, the model shape it names, the global batch against MLPerf's RCP table
-(BERT-large only), and the data's sequence length against the model's position table. Each
-problem is one line naming the values and where they come from."""
+(BERT-large only), the data's sequence length against the model's position table, and the
+device the run asks for against this machine. Each problem is one line naming the values and
+where they come from; `run_warnings` says what a valid run still does badly here."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
+from bertperf import config
 from bertperf.config import RunConfig
 from bertperf.data.dataset import ShardDataset
 from bertperf.errors import UserError
@@ -72,3 +76,60 @@ def check_run(cfg: RunConfig) -> BertConfig:
                         f"{config.max_position_embeddings} is below the data's sequence length "
                         f"{length} (max_seq_length of {source})")
     return config
+
+
+def check_device(cfg: RunConfig) -> None:
+    """DEVICE=cuda and USE_CUDA_GRAPH=1 need a CUDA device this process can use."""
+    wants = "DEVICE=cuda" if cfg.train.device == "cuda" else \
+        "USE_CUDA_GRAPH=1" if cfg.train.use_cuda_graph else None
+    if wants is None:
+        return
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+        raise UserError(f"{wants} needs a CUDA device, and torch {torch.__version__} ({build}) "
+                        "sees none here (DEVICE=cpu or auto runs on the CPU)")
+    if cfg.dist.local_rank >= torch.cuda.device_count():
+        raise UserError(f"{wants}: local rank {cfg.dist.local_rank} has no GPU of its own (this "
+                        f"node has {torch.cuda.device_count()}; DGXNGPU ranks per node at most)")
+
+
+def on_cpu(cfg: RunConfig) -> bool:
+    return cfg.train.device == "cpu" or (cfg.train.device == "auto"
+                                         and not torch.cuda.is_available())
+
+
+def matmul_slowdown(dtype: torch.dtype, n: int = 128, repeats: int = 10) -> float:
+    """How many times longer an n x n matmul takes in `dtype` than in fp32 on this CPU (the
+    best of `repeats` each, after one warm-up): about 1 or below where the CPU has instructions
+    for it, far above where they are emulated."""
+    import time
+
+    def best(dt: torch.dtype) -> float:
+        a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
+        a @ b
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(dtype) / best(torch.float32)
+
+
+SLOW_PRECISION = 2.0
+"""A CPU whose bf16/fp16 matmuls take over this many times fp32's draws the warning."""
+
+
+def run_warnings(cfg: RunConfig) -> list[str]:
+    """config.warnings, and a bf16/fp16 run on a CPU that emulates those matmuls (measured)."""
+    out = config.warnings(cfg)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
+    if dtype is not None and on_cpu(cfg):
+        slowdown = matmul_slowdown(dtype)
+        if slowdown > SLOW_PRECISION:
+            out.append(f"PRECISION={cfg.train.precision} on this CPU: its {cfg.train.precision} "
+                       f"matmuls measured {slowdown:.0f}x slower than fp32's (no instructions "
+                       "for them; emulated), so this run will be several times slower than in "
+                       "fp32 (PRECISION=fp32)")
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import sys
 from dataclasses import MISSING, fields
 
 from bertperf import config
@@ -61,11 +62,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if "." in k}
     cfg = load(process_environment(), flags)
-    from bertperf.train.checks import check_run, resolve_layout
+    from bertperf.train.checks import check_device, check_run, resolve_layout, run_warnings
     from bertperf.train.launch import reported_to_launcher
     with reported_to_launcher(under_launcher=cfg.dist.launcher_store):
         cfg = resolve_layout(cfg)
         check_run(cfg)
+        check_device(cfg)
+        if cfg.dist.rank == 0:
+            for line in run_warnings(cfg):
+                print(f"warning: {line}", file=sys.stderr, flush=True)
         if args.check:
             rows = f" ({cfg.rows_per_step} rows x {cfg.data.packing_factor})" \
                 if cfg.data.layout == "packed" else ""

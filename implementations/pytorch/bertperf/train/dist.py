@@ -67,8 +67,8 @@ def init(cfg: DistConfig, device: torch.device) -> Dist:
         tdist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo", init_method=init_method,
             rank=cfg.rank, world_size=cfg.world_size,
-            timeout=datetime.timedelta(seconds=cfg.timeout_s))
-        _heartbeat.start(cfg.rank, cfg.world_size, every=min(5.0, cfg.timeout_s / 8))
+            timeout=datetime.timedelta(seconds=cfg.dist_timeout))
+        _heartbeat.start(cfg.rank, cfg.world_size, every=min(5.0, cfg.dist_timeout / 8))
     return Dist(cfg.rank, cfg.world_size)
 
 

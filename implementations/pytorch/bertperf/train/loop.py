@@ -43,7 +43,6 @@ from bertperf.config import RunConfig
 from bertperf.data.collate import max_masks_per_row
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
-from bertperf.errors import UserError
 from bertperf.formats.packed import packed_meta
 from bertperf.formats.samples import Samples
 from bertperf.mlperf.log import Blocks, MLPerfLogger
@@ -55,7 +54,7 @@ from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_st
 from bertperf.optim.bucket_clip import clip_buckets_before_allreduce
 from bertperf.train import checkpoint, preflight, warmstart
 from bertperf.train import dist as distributed
-from bertperf.train.checks import check_run, resolve_layout
+from bertperf.train.checks import check_run, on_cpu, resolve_layout
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -95,13 +94,8 @@ def autocast_for(cfg: RunConfig, device: torch.device) -> Callable[[], contextli
 
 
 def pick_device(cfg: RunConfig) -> torch.device:
-    want = cfg.train.device
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", cfg.dist.local_rank)
-    if cfg.train.use_cuda_graph:
-        raise UserError("USE_CUDA_GRAPH=1 needs a CUDA device; none is available (DEVICE="
-                        f"{want})")
-    return torch.device("cpu")
+    """CPU or this rank's GPU (train.checks.check_device made sure a CUDA run has one)."""
+    return torch.device("cpu") if on_cpu(cfg) else torch.device("cuda", cfg.dist.local_rank)
 
 
 def use_tf32(device: torch.device) -> None:

@@ -222,6 +222,9 @@ def _expand_inputs(spec: str) -> list[str]:
             raise UserError(f"{pattern}: no input file matches")
         paths.extend(hits)
     for path in paths:
+        if Path(path).is_dir():
+            raise UserError(f"{path}: is a folder; --input_file takes files (a folder of part "
+                            "files goes to --input_dir, with --output_dir)")
         if not Path(path).is_file():
             raise UserError(f"{path}: no such input file")
     return paths

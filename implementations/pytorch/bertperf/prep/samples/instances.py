@@ -36,8 +36,11 @@ class Params:
         if self.max_seq_length < 5:
             raise UserError(f"--max_seq_length={self.max_seq_length}: must be at least 5 "
                             "([CLS] A [SEP] B [SEP] needs one token each in A and B)")
-        if self.max_predictions_per_seq < 0 or self.dupe_factor < 0:
-            raise UserError("--max_predictions_per_seq and --dupe_factor must not be negative")
+        if self.max_predictions_per_seq < 1:
+            raise UserError(f"--max_predictions_per_seq={self.max_predictions_per_seq}: must be "
+                            "at least 1 (every sample masks at least one token)")
+        if self.dupe_factor < 0:
+            raise UserError(f"--dupe_factor={self.dupe_factor}: must not be negative")
         if not (0.0 <= self.masked_lm_prob <= 1.0 and 0.0 <= self.short_seq_prob <= 1.0):
             raise UserError("--masked_lm_prob and --short_seq_prob must lie in [0, 1]")
 

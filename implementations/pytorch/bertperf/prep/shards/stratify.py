@@ -33,7 +33,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from bertperf.data.order import permutation
@@ -41,6 +40,7 @@ from bertperf.data.readers import ShardReader
 from bertperf.errors import UserError
 from bertperf.formats import detect, manifest
 from bertperf.formats.files import atomic_output
+from bertperf.formats.hdf5 import new_file
 from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import read_shard, shard_meta, write_shard
 from bertperf.prep.parallel import World, default_workers, run_tasks
@@ -196,7 +196,7 @@ def run_parts(task: PartTask) -> list[tuple[int, int, int]]:
         out = out_dir / f"part_{p:05d}.h5"
         with atomic_output(out) as tmp:
             write_shard(tmp, s, task.max_seq_length, task.max_pred)
-            with h5py.File(tmp, "a") as f:
+            with new_file(tmp, "a") as f:
                 f.attrs["bin_min_length"], f.attrs["bin_max_length"] = task.bin_range
         manifest.record(out_dir, out.name, manifest.entry_for(out, STAGE, task.key, len(s)))
         done.append((p, len(s), int(s.lengths.sum())))

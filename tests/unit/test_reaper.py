@@ -1,0 +1,93 @@
+"""tests/reaper.py, the guard that no process outlives its test: a process tree that escapes its
+process group and session (as torch's launcher starts its ranks) and one that outlives its parent
+are both found by the tag they inherited and killed; untagged processes are left alone; and a
+test that leaves one behind fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from tests import reaper
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_reap_kills_a_tree_that_left_its_session_and_parent(monkeypatch):
+    tag = f"reaper-test-{os.getpid()}"
+    monkeypatch.setenv(reaper.TAG, tag)
+    # a shell in its own session starts two sleepers and exits: they are orphans
+    subprocess.run(["setsid", "bash", "-c", "sleep 300 & sleep 301 &"], check=True)
+    untagged = subprocess.Popen(["sleep", "302"], env={"PATH": os.environ["PATH"]})
+    try:
+        deadline = time.monotonic() + 5  # until both children have exec'd sleep
+        while True:
+            found = reaper.tagged(tag)
+            commands = sorted(p.command for p in found)
+            if commands == ["sleep 300", "sleep 301"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert commands == ["sleep 300", "sleep 301"]
+        killed = reaper.reap(tag, grace=0.2)
+        assert sorted(p.command for p in killed) == ["sleep 300", "sleep 301"]
+        assert not any(alive(p.pid) for p in found) and not reaper.tagged(tag)
+        assert alive(untagged.pid)
+    finally:
+        reaper.reap(tag, grace=0)
+        untagged.kill()
+        untagged.wait()
+
+
+def test_a_process_that_ends_within_the_grace_is_not_reported(monkeypatch):
+    monkeypatch.setenv(reaper.TAG, "reaper-grace")
+    subprocess.Popen(["sleep", "0.3"])
+    assert reaper.reap("reaper-grace", grace=3.0) == []
+
+
+def test_multiprocessing_helpers_of_the_test_process_are_not_leftovers(monkeypatch):
+    """The resource tracker that a first multiprocessing pool starts lives as long as the test
+    process, by design; it is neither reported nor killed."""
+    import multiprocessing
+    from multiprocessing import resource_tracker
+
+    monkeypatch.setenv(reaper.TAG, "reaper-helpers")
+    resource_tracker.ensure_running()
+    tracker = resource_tracker._resource_tracker._pid
+    if tracker is None:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            pool.map(abs, [1])
+    assert reaper.reap("reaper-helpers", grace=0.2) == []
+
+
+def test_a_test_that_leaves_a_process_behind_fails(tmp_path):
+    """The conftest guard, run by pytest on a test file of its own: the passing test that leaves
+    a sleeper fails with its command named, and the sleeper is gone."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
+    (tmp_path / "test_leak.py").write_text(textwrap.dedent("""
+        import subprocess
+
+        def test_leaks():
+            subprocess.Popen(["sleep", "303"], start_new_session=True)
+
+        def test_clean():
+            subprocess.run(["true"], check=True)
+    """))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--rootdir", str(tmp_path), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert run.returncode == 1, run.stdout
+    assert "2 passed, 1 error" in run.stdout and "ERROR at teardown of test_leaks" in run.stdout
+    assert "process(es) outlived the test and were killed: pid" in run.stdout
+    assert "sleep 303" in run.stdout
+    assert not [p for p in reaper.tagged(os.environ[reaper.TAG]) if "303" in p.command]
