@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import reaper
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+from tests.support import reaper
+from tests.support.paths import WIKI_SAMPLE
 
 GPU_TESTS = Path(__file__).resolve().parent / "gpu"
 
@@ -49,8 +48,8 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(autouse=True)
 def no_process_outlives_its_test(request, monkeypatch):
-    """Every process a test starts carries its tag (tests/reaper.py); what is left of them after
-    the test is killed, and fails a test that had passed."""
+    """Every process a test starts carries its tag (tests/support/reaper.py); what is left of them
+    after the test is killed, and fails a test that had passed."""
     tag = f"{os.getpid()}-{next(_test_numbers)}"
     monkeypatch.setenv(reaper.TAG, tag)
     yield
@@ -111,7 +110,7 @@ def vocab_file() -> Path:
 
 @pytest.fixture(scope="session")
 def wiki_sample() -> Path:
-    path = SHARED / "data" / "wiki_sample"
+    path = WIKI_SAMPLE
     if not path.is_dir():
         pytest.skip(f"Wikipedia sample not found at {path} (shared/ is not beside the checkout)")
     return path

@@ -1,3 +1,3 @@
 """The local Slurm cluster of tests/e2e (one per session) for the container tests."""
 
-from tests.e2e.slurm_cluster import slurm_cluster  # noqa: F401
+from tests.support.slurm_cluster import slurm_cluster  # noqa: F401

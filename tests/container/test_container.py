@@ -2,8 +2,8 @@
 makes the plain Debian base and builds the Dockerfile on it (both cached), then the CPU job runs
 inside the image through run_with_docker.sh, driven by podman's own CLI (NEXP=2) and by the docker
 client talking to `podman system service`, and through `sbatch run.sub` with
-CONTAINER_RUNTIME=podman on the local Slurm cluster (tests/e2e/slurm_cluster.py). The MLPerf logs
-the runs write to the host must pass the compliance checker. A missing image, a results folder
+CONTAINER_RUNTIME=podman on the local Slurm cluster (tests/support/slurm_cluster.py). The MLPerf
+logs the runs write to the host must pass the compliance checker. A missing image, a results folder
 that cannot be written and a missing data folder each stop a launch with one line and no result
 file.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.slurm_cluster import SlurmCluster
+from tests.support.slurm_cluster import SlurmCluster
 from tests.e2e.test_launch import assert_compliant, job_env
 from tests.e2e.test_train_compliance import events
 from tests.e2e.test_train_ddp import free_port

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.demo import prepare_demo
-from tests.e2e.slurm_cluster import slurm_cluster  # noqa: F401
+from tests.support.demo import prepare_demo
+from tests.support.slurm_cluster import slurm_cluster  # noqa: F401
 
 
 @pytest.fixture(scope="session")

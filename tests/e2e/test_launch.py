@@ -1,4 +1,4 @@
-"""The launch scripts for real: `sbatch run.sub` on a local Slurm cluster (tests/e2e/
+"""The launch scripts for real: `sbatch run.sub` on a local Slurm cluster (tests/support/
 slurm_cluster.py), `run_and_time.sh` starting its ranks with torchrun, with mpirun and with srun
 from a batch script, every config through `run_and_time.sh --check`, and the early one-line
 errors. Every run uses config_CPU_1x2x32x1.sh (2 ranks, gloo) with its data and length swapped for
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.slurm_cluster import SlurmCluster
+from tests.support.slurm_cluster import SlurmCluster
 from tests.e2e.test_train_compliance import checker, events
 from tests.e2e.test_train_ddp import free_port
 from tests.unit.test_scripts import LAUNCH_VARS, config_env, run_and_time

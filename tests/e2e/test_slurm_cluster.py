@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.slurm_cluster import SlurmCluster, local_slurm_cluster
+from tests.support.slurm_cluster import SlurmCluster, local_slurm_cluster
 
 JOB_TIMEOUT = 60
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.demo import pack
+from tests.support.demo import pack
 from tests.e2e.test_launch import CONFIG, ROOT
 from tests.e2e.test_train_compliance import PYTHONPATH, events
 from tests.unit.test_scripts import LAUNCH_VARS, config_env

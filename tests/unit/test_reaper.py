@@ -1,6 +1,6 @@
-"""tests/reaper.py, the guard that no process outlives its test: a process tree that escapes its
-process group and session (as torch's launcher starts its ranks) and one that outlives its parent
-are both found by the tag they inherited and killed; untagged processes are left alone; and a
+"""tests/support/reaper.py, the guard that no process outlives its test: a process tree that escapes
+its process group and session (as torch's launcher starts its ranks) and one that outlives its
+parent are both found by the tag they inherited and killed; untagged processes are left alone; and a
 test that leaves one behind fails."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import sys
 import textwrap
 import time
 
-from tests import reaper
+from tests.support import reaper
+from tests.support.paths import ROOT
 
 
 def alive(pid: int) -> bool:
@@ -81,11 +82,10 @@ def test_a_test_that_leaves_a_process_behind_fails(tmp_path):
         def test_clean():
             subprocess.run(["true"], check=True)
     """))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "--rootdir", str(tmp_path), str(tmp_path)],
                          capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": root})
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 1, run.stdout
     assert "2 passed, 1 error" in run.stdout and "ERROR at teardown of test_leaks" in run.stdout
     assert "process(es) outlived the test and were killed: pid" in run.stdout

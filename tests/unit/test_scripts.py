@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import reaper
+from tests.support import reaper
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted([*ROOT.glob("*.sh"), ROOT / "run.sub", ROOT / ".ci" / "run",

@@ -39,8 +39,8 @@ from bertperf.formats import manifest
 from bertperf.prep.text.clean import clean_sh, clean_text
 from bertperf.prep.text.punkt345 import PunktSentenceTokenizer345
 from bertperf.prep.text.segment import english_tokenizer, segment_text
+from tests.support.paths import WIKI_SAMPLE as SAMPLE
 
-SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wiki_sample"
 SAMPLE_FILES = ["wiki_00", "wiki_01", "wiki_02", "wiki_03"]
 
 # Reference outputs on the sample (md5 of wiki_nn.2, wiki_nn.3 and of results/*).

@@ -12,9 +12,7 @@ from bertperf.prep.samples import tokenization as tk
 from bertperf.prep.samples.tokenization import (MLPERF_VOCAB_MD5, SAFE_RANGES, ReferenceTokenizer,
                                                 Tokenizer, build_hf_tokenizer, is_fast_safe,
                                                 load_vocab, vocab_md5_warning)
-from tests.conftest import SHARED
-
-WIKI_SAMPLE = SHARED / "data" / "wiki_sample"
+from tests.support.paths import WIKI_SAMPLE
 
 # Contexts a whitelisted code point is tried in: alone, inside/around letters (cased, accented,
 # digits), doubled, next to punctuation and spaces.

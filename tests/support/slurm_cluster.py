@@ -142,7 +142,7 @@ class SlurmCluster:
             raise
         return self
 
-    # the parts a cluster of several nodes (tests/e2e/netns_cluster.py) changes
+    # the parts a cluster of several nodes (netns_cluster.py) changes
     nodes = 1
 
     def controller(self) -> str:

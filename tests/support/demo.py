@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PYTHONPATH = os.pathsep.join([str(ROOT / "implementations" / "pytorch"), str(ROOT)])
+from tests.support.paths import PYTHONPATH, ROOT
 
 
 def prepare_demo(out: Path) -> subprocess.CompletedProcess:

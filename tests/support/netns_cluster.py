@@ -1,6 +1,6 @@
 """A real two-node Slurm cluster on one machine: each node a Linux network namespace with its own
-address, its own slurmd and its own host name, under one slurmctld (tests/e2e/slurm_cluster.py's
-private cluster: munged, slurm.conf, state and logs in one fresh directory under /tmp).
+address, its own slurmd and its own host name, under one slurmctld (slurm_cluster.py's private
+cluster: munged, slurm.conf, state and logs in one fresh directory under /tmp).
 
 Network: a bridge in the root namespace holds the controller's address (.1 of a private /24 not
 in use on this machine); node k is namespace `<prefix>n<k>` joined to the bridge by a veth pair,
@@ -30,8 +30,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.slurm_cluster import (SlurmCluster, SlurmStartError, _which, missing_binaries,
-                                     started)
+from tests.support.slurm_cluster import (SlurmCluster, SlurmStartError, _which,
+                                         missing_binaries, started)
 
 SLURMD_IN_NAMESPACE = """\
 #!/bin/sh

@@ -1,0 +1,1 @@
+"""Helpers and fixtures the tests share (test modules import from here, never from each other)."""

@@ -1,0 +1,17 @@
+"""Where things are, defined once: the checkout's root, the PYTHONPATH a subprocess needs to
+import bertperf and tests from it, ../shared beside the checkout (the Wikipedia sample lives
+there only) and the committed test fixtures. A module that needs one of these imports it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository's root (the checkout)."""
+PYTHONPATH = os.pathsep.join([str(ROOT / "implementations" / "pytorch"), str(ROOT)])
+"""bertperf's package folder and the root (for `tests`), as a child process's PYTHONPATH."""
+SHARED = ROOT.parent / "shared"
+WIKI_SAMPLE = SHARED / "data" / "wiki_sample"
+TF_CKPT = ROOT / "tests" / "fixtures" / "tf_ckpt"
+"""A small TF checkpoint written by real TensorFlow (make_tf_checkpoint.py beside it)."""
