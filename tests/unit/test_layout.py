@@ -1,6 +1,7 @@
 """The package's rooms and which may import which (docs/design.md, "Layout"), checked on the
 code itself: every `import` of bertperf inside bertperf, at module level or inside a function,
-read with ast. And the commands that must start without PyTorch."""
+read with ast; no module's imports lead back to it. And the commands that must start without
+PyTorch."""
 
 from __future__ import annotations
 
@@ -32,20 +33,31 @@ def room_of(module: str) -> str:
     return module.split(".")[1]
 
 
+def module_name(path: Path) -> str:
+    """bertperf/formats/detect.py -> bertperf.formats.detect; bertperf/data/__init__.py ->
+    bertperf.data."""
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(
+        ".__init__")
+
+
 def imports() -> list[tuple[str, str, int]]:
-    """(importing file, imported bertperf module, line) for every import in the package."""
+    """(importing module, imported bertperf module, line) for every import in the package. A
+    name imported from a package is its submodule where it has one of that name (`from
+    bertperf.kernels import backend` imports bertperf.kernels.backend), else the package."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in paths}
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE.parent)
-        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                         else node.module for a in node.names]
             else:
                 continue
-            found += [(module, n, node.lineno) for n in names if n.startswith("bertperf.")]
+            found += [(module_name(path), n, node.lineno) for n in dict.fromkeys(names)
+                      if n.startswith("bertperf.")]
     return found
 
 
@@ -81,6 +93,69 @@ def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
     assert imports() == [("bertperf.formats.x", "bertperf.train", 2)]
     with pytest.raises(AssertionError, match="bertperf.formats.x:2 imports bertperf.train"):
         test_rooms_import_only_lower_floors()
+
+
+def import_cycles() -> list[tuple[list[tuple[str, str, int]], list[str]]]:
+    """For each group of modules that import one another, directly or not: one cycle of
+    imports through it (in order, the last one back to where the first starts) and the group."""
+    graph: dict[str, dict[str, int]] = {}
+    for module, target, line in imports():
+        if target != module:
+            graph.setdefault(module, {}).setdefault(target, line)
+
+    def reach(start: str) -> dict[str, str]:
+        """Every module reachable from start -> the module it is first reached from."""
+        came_from, todo = {}, [start]
+        while todo:
+            here = todo.pop(0)
+            for there in graph.get(here, {}):
+                if there not in came_from:
+                    came_from[there] = here
+                    todo.append(there)
+        return came_from
+
+    found, seen = [], set()
+    for start in sorted(graph):
+        if start in seen:
+            continue
+        came_from = reach(start)
+        if start not in came_from:
+            continue
+        group = sorted(m for m in came_from if start in reach(m))
+        seen.update(group)
+        cycle, here = [], start
+        while not cycle or here != start:  # back from start along the first-reached imports
+            back = came_from[here]
+            cycle.insert(0, (back, here, graph[back][here]))
+            here = back
+        found.append((cycle, group))
+    return found
+
+
+def test_no_import_cycles():
+    """A module's imports, at module level or inside functions, never lead back to it."""
+    cycles = [" -> ".join(f"{a}:{line}" for a, _, line in cycle) + f" -> {cycle[0][0]}"
+              + f" (the modules in a cycle with it: {', '.join(group)})"
+              for cycle, group in import_cycles()]
+    assert not cycles, "import cycles (module:line of each import):\n" + "\n".join(cycles)
+
+
+def test_the_cycle_check_catches_a_cycle(tmp_path, monkeypatch):
+    """The checker itself: a function-level import back to a module that imports it (a
+    package importing its own modules is no cycle)."""
+    fake = tmp_path / "bertperf"
+    (fake / "kernels").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "kernels" / "__init__.py").write_text("from bertperf.kernels import a\n")
+    (fake / "kernels" / "a.py").write_text("import bertperf.kernels.b\n")
+    (fake / "kernels" / "b.py").write_text("def f():\n    from bertperf.kernels import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert import_cycles() == [([("bertperf.kernels.a", "bertperf.kernels.b", 1),
+                                 ("bertperf.kernels.b", "bertperf.kernels.a", 2)],
+                                ["bertperf.kernels.a", "bertperf.kernels.b"])]
+    with pytest.raises(AssertionError, match="bertperf.kernels.a:1 -> bertperf.kernels.b:2 -> "
+                                             "bertperf.kernels.a"):
+        test_no_import_cycles()
 
 
 COMMANDS_WITHOUT_TORCH = [["--help"], ["rank"], ["prep", "--help"], ["bench", "--help"], ["bench", "balance", "--help"], ["train", "--help"],

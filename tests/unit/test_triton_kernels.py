@@ -25,8 +25,9 @@ from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from bertperf.kernels import (LambLayout, backend, bias_gelu, bias_gelu_layer_norm,  # noqa: E402
-                              bias_gelu_layer_norm_reference, bias_gelu_reference,
+from bertperf.kernels import (LambLayout, aot, backend, bias_gelu,  # noqa: E402
+                              bias_gelu_layer_norm, bias_gelu_layer_norm_reference,
+                              bias_gelu_reference,
                               cross_entropy_sum, cross_entropy_sum_reference,
                               dropout_add_layer_norm, dropout_add_layer_norm_reference,
                               dropout_keep_mask, embedding_layer_norm,
@@ -358,10 +359,10 @@ def test_every_kernel_is_compiled_ahead_of_time(aot_report):
     kernels = {name for module in MODULES for name, obj in vars(module).items()
                if isinstance(obj, InterpretedFunction) and not name.startswith("_")
                and obj.fn.__module__ == module.__name__}
-    compiled = {case.kernel.__name__ for module in MODULES for case in module.aot_cases()}
+    compiled = {case.kernel.__name__ for case in aot.all_cases()}
     assert kernels == compiled
     assert {(r["name"], r["capability"]) for r in aot_report} == {
-        (case.name, cap) for module in MODULES for case in module.aot_cases() for cap in (80, 90)}
+        (case.name, cap) for case in aot.all_cases() for cap in (80, 90)}
 
 
 def test_aot_shared_memory_within_the_device_limit(aot_report):

@@ -2,9 +2,9 @@
 without a GPU, and what each compiled kernel needs: shared memory per block, registers and
 stack (local memory: spills) per thread, read with the cuobjdump that Triton bundles.
 
-Each module of bertperf.kernels.triton lists its launches at BERT-large shapes in `aot_cases()`,
-built with the same block sizes and warp counts its launchers use. The kernels must have been
-defined with TRITON_INTERPRET unset (the interpreter replaces them by Python functions), so
+The cases below list every kernel's launches at BERT-large shapes, built with the block sizes
+and warp counts of its launcher in bertperf.kernels.triton. The kernels must have been defined
+with TRITON_INTERPRET unset (the interpreter replaces them by Python functions), so
 `python -m bertperf.kernels.aot` compiles them all in a process of its own and prints one JSON
 object per kernel and target.
 """
@@ -18,6 +18,10 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
+
+from bertperf.kernels.lamb import LambLayout
+from bertperf.kernels.triton import bias_gelu, cross_entropy, embedding, lamb, layer_norm
+from bertperf.kernels.triton.common import row_config
 
 CAPABILITIES = (80, 90)
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
@@ -90,12 +94,111 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return usage
 
 
+def bias_gelu_cases() -> list[Case]:
+    """BERT-large's feed-forward (N = 4096) and MLM-head (N = 1024) activations in bf16."""
+    cases = []
+    for n in (4096, 1024):
+        blocks = dict(BLOCK_M=bias_gelu.BLOCK_M, BLOCK_N=bias_gelu.column_block(n))
+        cases += [
+            Case(f"bias_gelu_fwd N={n}", bias_gelu.bias_gelu_fwd,
+                 dict(X="*bf16", BIAS="*fp32", Y="*bf16", rows="i32", N="i32", **blocks),
+                 divisible=("N",), num_warps=bias_gelu.NUM_WARPS),
+            Case(f"bias_gelu_bwd N={n}", bias_gelu.bias_gelu_bwd,
+                 dict(DY="*bf16", X="*bf16", BIAS="*fp32", DX="*bf16", DBIAS_PARTIAL="*fp32",
+                      rows="i32", N="i32", **blocks), divisible=("N",),
+                 num_warps=bias_gelu.NUM_WARPS),
+        ]
+    return cases
+
+
+def layer_norm_cases() -> list[Case]:
+    """BERT-large (hidden 1024, bf16 activations, fp32 LayerNorm parameters): the sub-layer end
+    (bias, dropout, residual) and the MLM head's transform (bias, GeLU)."""
+    fwd, bwd = row_config(1024, False), row_config(1024, True)
+    block = dict(BLOCK_N=fwd["BLOCK_N"])
+    variants = {"dropout_add_layer_norm": dict(HAS_BIAS=True, GELU=False, DROPOUT=True,
+                                               HAS_RESIDUAL=True),
+                "bias_gelu_layer_norm": dict(HAS_BIAS=True, GELU=True, DROPOUT=False,
+                                             HAS_RESIDUAL=False)}
+    cases = []
+    for name, sw in variants.items():
+        res = "*bf16" if sw["HAS_RESIDUAL"] else None
+        seed = "*i64" if sw["DROPOUT"] else None
+        cases += [
+            Case(f"{name}_fwd", layer_norm.sublayer_layer_norm_fwd,
+                 dict(X="*bf16", BIAS="*fp32", RES=res, W="*fp32", LN_BIAS="*fp32", SEED=seed,
+                      OUT="*bf16", N="i32", p="fp32", eps="fp32", **block, **sw),
+                 divisible=("N",), num_warps=fwd["num_warps"]),
+            Case(f"{name}_bwd", layer_norm.sublayer_layer_norm_bwd,
+                 dict(DOUT="*bf16", X="*bf16", BIAS="*fp32", RES=res, W="*fp32", SEED=seed,
+                      DX="*bf16", DRES=res, PARTIAL="*fp32", rows="i32", N="i32", p="fp32",
+                      eps="fp32", **block, **sw),
+                 divisible=("N",), num_warps=bwd["num_warps"]),
+        ]
+    cases.append(Case("dropout_keep_mask", layer_norm.keep_mask_kernel,
+                      dict(SEED="*i64", KEEP="*i8", N="i32", p="fp32", **block),
+                      divisible=("N",), num_warps=fwd["num_warps"]))
+    return cases
+
+
+def embedding_cases() -> list[Case]:
+    """BERT-large: hidden 1024, fp32 tables, bf16 output, dropout, int32 ids, 2 token types."""
+    fwd, bwd = row_config(1024, False), row_config(1024, True)
+    block = dict(BLOCK_N=fwd["BLOCK_N"])
+    ids = dict(IDS="*i32", SEG="*i32", POS="*i32", WORD="*fp32", POSITION="*fp32",
+               TYPE="*fp32", W="*fp32")
+    return [
+        Case("embedding_layer_norm_fwd", embedding.embedding_layer_norm_fwd,
+             dict(**ids, LN_BIAS="*fp32", SEED="*i64", OUT="*bf16", N="i32", p="fp32",
+                  eps="fp32", **block, DROPOUT=True), divisible=("N",),
+             num_warps=fwd["num_warps"]),
+        Case("embedding_layer_norm_bwd", embedding.embedding_layer_norm_bwd,
+             dict(DOUT="*bf16", **ids, SEED="*i64", DWORD="*fp32", DPOSITION="*fp32",
+                  PARTIAL="*fp32", TYPE_PARTIAL="*fp32", rows="i32", N="i32", p="fp32",
+                  eps="fp32", **block, TYPES=2, DROPOUT=True), divisible=("N",),
+             num_warps=bwd["num_warps"]),
+    ]
+
+
+def cross_entropy_cases() -> list[Case]:
+    """BERT-large's MLM logits: bf16, 30522 real columns of the 30528-wide padded decoder."""
+    cfg = cross_entropy.launch_config(30522)
+    block = dict(BLOCK_V=cfg["BLOCK_V"])
+    return [
+        Case("cross_entropy_fwd", cross_entropy.cross_entropy_fwd,
+             dict(LOGITS="*bf16", LABELS="*i32", WEIGHTS="*fp32", LOSS="*fp32", LSE="*fp32",
+                  V="i32", stride="i32", **block), divisible=("stride",),
+             num_warps=cfg["num_warps"]),
+        Case("cross_entropy_bwd", cross_entropy.cross_entropy_bwd,
+             dict(LOGITS="*bf16", LABELS="*i32", WEIGHTS="*fp32", LSE="*fp32", GRAD="*fp32",
+                  DLOGITS="*bf16", V="i32", stride="i32", **block), divisible=("stride",),
+             num_warps=cfg["num_warps"]),
+    ]
+
+
+def lamb_cases() -> list[Case]:
+    """The default chunk of LambLayout, fp32 everything."""
+    block = dict(BLOCK=LambLayout.BLOCK)
+    tables = dict(CHUNK_TENSOR="*i32", TENSOR_CHUNKS="*i32", OFFSETS="*i64", WD="*fp32",
+                  COEF="*fp32")
+    return [
+        Case("lamb_moments", lamb.lamb_moments,
+             dict(W="*fp32", G="*fp32", M="*fp32", VSQ="*fp32", **tables, PARTIAL="*fp32",
+                  beta3="fp32", one_minus_beta2="fp32", eps="fp32", **block),
+             num_warps=lamb.NUM_WARPS),
+        Case("lamb_ratios", lamb.lamb_ratios,
+             dict(TENSOR_CHUNKS="*i32", PARTIAL="*fp32", ADAPT="*i8", LR="*fp32",
+                  SCALE="*fp32", BLOCK=lamb.RATIO_BLOCK), num_warps=lamb.NUM_WARPS),
+        Case("lamb_apply", lamb.lamb_apply,
+             dict(W="*fp32", M="*fp32", VSQ="*fp32", **tables, SCALE="*fp32", eps="fp32",
+                  **block), num_warps=lamb.NUM_WARPS),
+    ]
+
+
 def all_cases() -> list[Case]:
     """Every kernel's launches at BERT-large shapes."""
-    from bertperf.kernels.triton import bias_gelu, cross_entropy, embedding, lamb, layer_norm
-
-    return [case for module in (bias_gelu, layer_norm, embedding, cross_entropy, lamb)
-            for case in module.aot_cases()]
+    return (bias_gelu_cases() + layer_norm_cases() + embedding_cases() + cross_entropy_cases()
+            + lamb_cases())
 
 
 def report(case: Case, capability: int) -> dict[str, Any]:

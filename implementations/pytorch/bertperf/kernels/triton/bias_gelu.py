@@ -7,7 +7,6 @@ import torch
 import triton
 import triton.language as tl
 
-from bertperf.kernels.aot import Case
 from bertperf.kernels.triton.common import check_int32, gelu, gelu_grad, row_programs
 
 BLOCK_M = 8
@@ -46,7 +45,8 @@ def bias_gelu_bwd(DY, X, BIAS, DX, DBIAS_PARTIAL, rows, N, BLOCK_M: tl.constexpr
     tl.store(DBIAS_PARTIAL + group * N + c, tl.sum(acc, axis=0), mask=cmask)
 
 
-def _block_n(n: int) -> int:
+def column_block(n: int) -> int:
+    """BLOCK_N for rows of n elements."""
     return min(512, triton.next_power_of_2(n))
 
 
@@ -57,7 +57,7 @@ def forward(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // n
     check_int32(x)
     y = torch.empty_like(x)
-    block_n = _block_n(n)
+    block_n = column_block(n)
     grid = (triton.cdiv(rows, BLOCK_M), triton.cdiv(n, block_n))
     bias_gelu_fwd[grid](x, bias, y, rows, n, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
                         num_warps=NUM_WARPS)
@@ -71,26 +71,10 @@ def backward(grad: torch.Tensor, x: torch.Tensor,
     n = x.shape[-1]
     rows = x.numel() // n
     dx = torch.empty_like(x)
-    block_n = _block_n(n)
+    block_n = column_block(n)
     groups = row_programs(x.device, triton.cdiv(rows, BLOCK_M))
     partial = torch.empty(groups, n, device=x.device, dtype=torch.float32)
     bias_gelu_bwd[(groups, triton.cdiv(n, block_n))](grad, x, bias, dx, partial, rows, n,
                                                      BLOCK_M=BLOCK_M, BLOCK_N=block_n,
                                                      num_warps=NUM_WARPS)
     return dx, partial.sum(0).to(bias.dtype)
-
-
-def aot_cases() -> list[Case]:
-    """BERT-large's feed-forward (N = 4096) and MLM-head (N = 1024) activations in bf16."""
-    cases = []
-    for n in (4096, 1024):
-        blocks = dict(BLOCK_M=BLOCK_M, BLOCK_N=_block_n(n))
-        cases += [
-            Case(f"bias_gelu_fwd N={n}", bias_gelu_fwd,
-                 dict(X="*bf16", BIAS="*fp32", Y="*bf16", rows="i32", N="i32", **blocks),
-                 divisible=("N",), num_warps=NUM_WARPS),
-            Case(f"bias_gelu_bwd N={n}", bias_gelu_bwd,
-                 dict(DY="*bf16", X="*bf16", BIAS="*fp32", DX="*bf16", DBIAS_PARTIAL="*fp32",
-                      rows="i32", N="i32", **blocks), divisible=("N",), num_warps=NUM_WARPS),
-        ]
-    return cases

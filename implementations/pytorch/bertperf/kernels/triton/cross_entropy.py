@@ -9,8 +9,6 @@ import torch
 import triton
 import triton.language as tl
 
-from bertperf.kernels.aot import Case
-
 
 @triton.jit
 def cross_entropy_fwd(LOGITS, LABELS, WEIGHTS, LOSS, LSE, V, stride, BLOCK_V: tl.constexpr):
@@ -47,7 +45,8 @@ def cross_entropy_bwd(LOGITS, LABELS, WEIGHTS, LSE, GRAD, DLOGITS, V, stride,
     tl.store(DLOGITS + offs, d.to(DLOGITS.dtype.element_ty), mask=mask)
 
 
-def _config(v: int) -> dict:
+def launch_config(v: int) -> dict:
+    """Block size and warps for rows of v logits."""
     return dict(BLOCK_V=min(4096, triton.next_power_of_2(v)), num_warps=8)
 
 
@@ -59,7 +58,7 @@ def forward(logits: torch.Tensor, labels: torch.Tensor,
     loss = torch.empty(rows, device=logits.device, dtype=torch.float32)
     lse = torch.empty(rows, device=logits.device, dtype=torch.float32)
     cross_entropy_fwd[(rows,)](logits, labels.contiguous(), weights.contiguous(), loss, lse, v,
-                               logits.stride(0), **_config(v))
+                               logits.stride(0), **launch_config(v))
     return loss.sum(), lse
 
 
@@ -69,24 +68,8 @@ def backward(grad: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
     rows, v = logits.shape
     dlogits = torch.empty_strided(logits.shape, logits.stride(), device=logits.device,
                                   dtype=logits.dtype)
-    cfg = _config(v)
+    cfg = launch_config(v)
     cross_entropy_bwd[(rows, triton.cdiv(v, cfg["BLOCK_V"]))](
         logits, labels.contiguous(), weights.contiguous(), lse, grad, dlogits, v,
         logits.stride(0), **cfg)
     return dlogits
-
-
-def aot_cases() -> list[Case]:
-    """BERT-large's MLM logits: bf16, 30522 real columns of the 30528-wide padded decoder."""
-    cfg = _config(30522)
-    block = dict(BLOCK_V=cfg["BLOCK_V"])
-    return [
-        Case("cross_entropy_fwd", cross_entropy_fwd,
-             dict(LOGITS="*bf16", LABELS="*i32", WEIGHTS="*fp32", LOSS="*fp32", LSE="*fp32",
-                  V="i32", stride="i32", **block), divisible=("stride",),
-             num_warps=cfg["num_warps"]),
-        Case("cross_entropy_bwd", cross_entropy_bwd,
-             dict(LOGITS="*bf16", LABELS="*i32", WEIGHTS="*fp32", LSE="*fp32", GRAD="*fp32",
-                  DLOGITS="*bf16", V="i32", stride="i32", **block), divisible=("stride",),
-             num_warps=cfg["num_warps"]),
-    ]

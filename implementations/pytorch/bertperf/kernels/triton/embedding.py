@@ -10,7 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from bertperf.kernels.aot import Case
 from bertperf.kernels.triton.common import (check_int32, keep_mask, layer_norm_grad,
                                             layer_norm_stats, row_config, row_programs)
 
@@ -116,22 +115,3 @@ def backward(grad: torch.Tensor, input_ids: torch.Tensor, segment_ids: torch.Ten
     dtype_rows = type_partial.sum(0)[:token_type.shape[0]]
     return [dword.to(word.dtype), dposition.to(position.dtype), dtype_rows.to(token_type.dtype),
             partial[0].sum(0).to(weight.dtype), partial[1].sum(0).to(weight.dtype)]
-
-
-def aot_cases() -> list[Case]:
-    """BERT-large: hidden 1024, fp32 tables, bf16 output, dropout, int32 ids, 2 token types."""
-    fwd, bwd = row_config(1024, False), row_config(1024, True)
-    block = dict(BLOCK_N=fwd["BLOCK_N"])
-    ids = dict(IDS="*i32", SEG="*i32", POS="*i32", WORD="*fp32", POSITION="*fp32",
-               TYPE="*fp32", W="*fp32")
-    return [
-        Case("embedding_layer_norm_fwd", embedding_layer_norm_fwd,
-             dict(**ids, LN_BIAS="*fp32", SEED="*i64", OUT="*bf16", N="i32", p="fp32",
-                  eps="fp32", **block, DROPOUT=True), divisible=("N",),
-             num_warps=fwd["num_warps"]),
-        Case("embedding_layer_norm_bwd", embedding_layer_norm_bwd,
-             dict(DOUT="*bf16", **ids, SEED="*i64", DWORD="*fp32", DPOSITION="*fp32",
-                  PARTIAL="*fp32", TYPE_PARTIAL="*fp32", rows="i32", N="i32", p="fp32",
-                  eps="fp32", **block, TYPES=2, DROPOUT=True), divisible=("N",),
-             num_warps=bwd["num_warps"]),
-    ]

@@ -10,8 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from bertperf.kernels.aot import Case
-
 
 @triton.jit
 def _chunk(CHUNK_TENSOR, TENSOR_CHUNKS, OFFSETS, BLOCK: tl.constexpr):
@@ -95,24 +93,3 @@ def step(layout, params: torch.Tensor, grads: torch.Tensor, exp_avg: torch.Tenso
                                        BLOCK=RATIO_BLOCK, num_warps=NUM_WARPS)
     lamb_apply[(chunks,)](params, exp_avg, exp_avg_sq, *tables, coef, scale, eps,
                           BLOCK=layout.block, num_warps=NUM_WARPS)
-
-
-def aot_cases() -> list[Case]:
-    """The default chunk of LambLayout, fp32 everything."""
-    from bertperf.kernels.lamb import LambLayout
-
-    block = dict(BLOCK=LambLayout.BLOCK)
-    tables = dict(CHUNK_TENSOR="*i32", TENSOR_CHUNKS="*i32", OFFSETS="*i64", WD="*fp32",
-                  COEF="*fp32")
-    return [
-        Case("lamb_moments", lamb_moments,
-             dict(W="*fp32", G="*fp32", M="*fp32", VSQ="*fp32", **tables, PARTIAL="*fp32",
-                  beta3="fp32", one_minus_beta2="fp32", eps="fp32", **block),
-             num_warps=NUM_WARPS),
-        Case("lamb_ratios", lamb_ratios,
-             dict(TENSOR_CHUNKS="*i32", PARTIAL="*fp32", ADAPT="*i8", LR="*fp32",
-                  SCALE="*fp32", BLOCK=RATIO_BLOCK), num_warps=NUM_WARPS),
-        Case("lamb_apply", lamb_apply,
-             dict(W="*fp32", M="*fp32", VSQ="*fp32", **tables, SCALE="*fp32", eps="fp32",
-                  **block), num_warps=NUM_WARPS),
-    ]

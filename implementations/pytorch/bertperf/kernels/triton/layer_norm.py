@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from bertperf.kernels.aot import Case
 from bertperf.kernels.triton.common import (check_int32, gelu, gelu_grad, keep_mask,
                                             layer_norm_grad, layer_norm_stats, row_config,
                                             row_programs)
@@ -146,33 +145,3 @@ def keep(seed: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor:
     keep_mask_kernel[(out.numel() // n,)](seed, out.view(torch.int8), n, p,
                                          **row_config(n, False))
     return out
-
-
-def aot_cases() -> list[Case]:
-    """BERT-large (hidden 1024, bf16 activations, fp32 LayerNorm parameters): the sub-layer end
-    (bias, dropout, residual) and the MLM head's transform (bias, GeLU)."""
-    fwd, bwd = row_config(1024, False), row_config(1024, True)
-    block = dict(BLOCK_N=fwd["BLOCK_N"])
-    variants = {"dropout_add_layer_norm": dict(HAS_BIAS=True, GELU=False, DROPOUT=True,
-                                               HAS_RESIDUAL=True),
-                "bias_gelu_layer_norm": dict(HAS_BIAS=True, GELU=True, DROPOUT=False,
-                                             HAS_RESIDUAL=False)}
-    cases = []
-    for name, sw in variants.items():
-        res = "*bf16" if sw["HAS_RESIDUAL"] else None
-        seed = "*i64" if sw["DROPOUT"] else None
-        cases += [
-            Case(f"{name}_fwd", sublayer_layer_norm_fwd,
-                 dict(X="*bf16", BIAS="*fp32", RES=res, W="*fp32", LN_BIAS="*fp32", SEED=seed,
-                      OUT="*bf16", N="i32", p="fp32", eps="fp32", **block, **sw),
-                 divisible=("N",), num_warps=fwd["num_warps"]),
-            Case(f"{name}_bwd", sublayer_layer_norm_bwd,
-                 dict(DOUT="*bf16", X="*bf16", BIAS="*fp32", RES=res, W="*fp32", SEED=seed,
-                      DX="*bf16", DRES=res, PARTIAL="*fp32", rows="i32", N="i32", p="fp32",
-                      eps="fp32", **block, **sw),
-                 divisible=("N",), num_warps=bwd["num_warps"]),
-        ]
-    cases.append(Case("dropout_keep_mask", keep_mask_kernel,
-                      dict(SEED="*i64", KEEP="*i8", N="i32", p="fp32", **block),
-                      divisible=("N",), num_warps=fwd["num_warps"]))
-    return cases
