@@ -1,6 +1,6 @@
 """bertperf.optim: LAMB vs a numpy transcription of the reference formula, decay exclusions,
 trust-ratio edge cases, the MLPerf LR schedule at hand-computed steps, clipping, fp16 loss-scale
-skips, and the AdamW factory. All tensors are tiny; the file runs in a few seconds on CPU."""
+skips, and the optimizer factory. All tensors are tiny; the file runs in a few seconds on CPU."""
 
 from __future__ import annotations
 
@@ -533,26 +533,11 @@ def test_bf16_autocast_accumulation_clip_step_smoke():
 # ----------------------------------------------------------------------------------------------
 # factory
 # ----------------------------------------------------------------------------------------------
-def test_make_optimizer_adamw_and_lamb():
-    torch.manual_seed(0)
+def test_make_optimizer():
     model = _TinyBert()
-    opt = make_optimizer("AdamW", param_groups(model, 0.01), lr=1e-3, eps=1e-6)
-    assert isinstance(opt, torch.optim.AdamW)
-    assert opt.defaults["foreach"] is True and not opt.defaults.get("fused")  # CPU params
-    assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
-
-    ref_model = _TinyBert()
-    ref_model.load_state_dict(model.state_dict())
-    ref = torch.optim.AdamW(param_groups(ref_model, 0.01), lr=1e-3, eps=1e-6, foreach=False)
-    for m in (model, ref_model):
-        m.query(torch.ones(2, 4)).sum().backward()
-    opt.step()
-    ref.step()
-    for (n, a), (_, b) in zip(model.named_parameters(), ref_model.named_parameters()):
-        torch.testing.assert_close(a, b, msg=n)
-    assert not torch.equal(model.query.weight, _TinyBert().query.weight)
-    assert mlperf_hparams(opt)["opt_name"] == "adamw"
-
+    opt = make_optimizer("LAMB", param_groups(model, 0.01), lr=1e-3, eps=1e-6)
+    assert isinstance(opt, Lamb) and [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
+    assert mlperf_hparams(opt)["opt_name"] == "lamb"
     assert isinstance(make_optimizer("lamb", model.parameters(), lr=1e-3), Lamb)
     with pytest.raises(ValueError, match="unknown optimizer"):
         make_optimizer("sgd", model.parameters(), lr=1e-3)

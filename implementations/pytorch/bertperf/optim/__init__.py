@@ -26,7 +26,7 @@ Modules, each usable on its own:
                                   ratios from sums of squares all-reduced, all-gather of the
                                   weights), as apex's DistributedFusedLAMB
   factory.make_optimizer          "lamb" -> Lamb; "flat_lamb" -> FlatLamb; "sharded_lamb" ->
-                                  ShardedLamb; "adamw" -> torch.optim.AdamW (fused on CUDA)
+                                  ShardedLamb
   factory.use_flat_lamb           which LAMB a model's parameters take: FlatLamb where the kernels
                                   take Triton (CUDA, Triton installed), Lamb elsewhere, or as set
   factory.mlperf_hparams          the optimizer-related MLPerf log keys with their values

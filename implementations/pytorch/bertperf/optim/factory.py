@@ -7,11 +7,6 @@
            FLAT_LAMB rule; `bench train` asks it too).
 "sharded_lamb" -> bertperf.optim.sharded_lamb.ShardedLamb: FlatLamb with its moments and update
            sharded over the ranks of the process group (ZeRO-1; the trainer's SHARDED_LAMB).
-"adamw" -> torch.optim.AdamW, fused=True when every parameter is on CUDA, foreach=True
-           otherwise. Note torch's AdamW is not the TF reference's AdamWeightDecayOptimizer:
-           torch applies bias correction (TF's does not) and decays as p *= 1 - lr*wd before the
-           Adam update (TF adds wd*p to the update; the same to first order). It is an option for
-           experiments; MLPerf closed BERT requires LAMB.
 
 Hyper-parameters come from the caller (config.py reads BATCHSIZE, LR, OPT_LAMB_BETA_1/2,
 WEIGHT_DECAY_RATE, ...; nothing here reads the environment). Param groups from
@@ -31,18 +26,7 @@ from bertperf.optim.flat_lamb import FlatLamb
 from bertperf.optim.lamb import Lamb
 from bertperf.optim.sharded_lamb import ShardedLamb
 
-OPTIMIZERS = ("lamb", "flat_lamb", "sharded_lamb", "adamw")
-
-
-def _all_params(params: list[Any]) -> list[Tensor]:
-    out: list[Tensor] = []
-    for item in params:
-        if isinstance(item, dict):
-            ps = item["params"]
-            out.extend([ps] if isinstance(ps, Tensor) else list(ps))
-        else:
-            out.append(item)
-    return out
+OPTIMIZERS = {"lamb": Lamb, "flat_lamb": FlatLamb, "sharded_lamb": ShardedLamb}
 
 
 def use_flat_lamb(params: Iterable[Tensor], setting: bool | None = None) -> bool:
@@ -65,27 +49,16 @@ def make_optimizer(
     weight_decay: float = 0.0,
     **extra: Any,
 ) -> torch.optim.Optimizer:
-    """The optimizer `name` ("lamb", "flat_lamb", "sharded_lamb" or "adamw") over `params` with
-    these hyper-parameters.
+    """The optimizer `name` ("lamb", "flat_lamb" or "sharded_lamb") over `params` with these
+    hyper-parameters.
 
-    `extra` goes to the constructor (Lamb, FlatLamb, ShardedLamb: bias_correction,
-    grad_averaging, layer_adaptation; ShardedLamb: group; AdamW: e.g. fused/foreach to override
-    the default choice).
+    `extra` goes to the constructor (bias_correction, grad_averaging, layer_adaptation;
+    ShardedLamb: group).
     """
-    key = name.strip().lower()
-    params = list(params)
-    if key in ("lamb", "flat_lamb", "sharded_lamb"):
-        cls = {"lamb": Lamb, "flat_lamb": FlatLamb, "sharded_lamb": ShardedLamb}[key]
-        return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra)
-    if key == "adamw":
-        tensors = _all_params(params)
-        if "fused" not in extra and "foreach" not in extra:
-            if tensors and all(p.is_cuda for p in tensors):
-                extra["fused"] = True
-            else:
-                extra["foreach"] = True
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra)
-    raise ValueError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}")
+    cls = OPTIMIZERS.get(name.strip().lower())
+    if cls is None:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}")
+    return cls(list(params), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **extra)
 
 
 def mlperf_hparams(optimizer: torch.optim.Optimizer, scheduler: Any | None = None) -> dict[str, Any]:
