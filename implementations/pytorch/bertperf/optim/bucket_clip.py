@@ -1,44 +1,16 @@
-"""Gradient clipping before the all-reduce, bucket by bucket, in a DDP communication hook.
+"""Gradient clipping before the all-reduce (CLIP_BEFORE_ALLREDUCE=1), bucket by bucket in a DDP
+communication hook, so the all-reduces overlap backward (docs/design.md gives the reasoning and
+the price). As DDP hands over bucket b, n_b of the N gradient elements (the accumulated gradient:
+DDP calls the hook outside `no_sync` only), the rank clips it and launches its all-reduce:
 
-By default the trainer clips after DDP's all-reduce: clipped_step (bertperf.optim.clip) takes the
-global norm of the averaged gradient and scales it to at most MAX_GRAD_NORM. With
-CLIP_BEFORE_ALLREDUCE=1 each rank clips its own gradient instead, one DDP bucket at a time, as
-the bucket becomes ready during backward, and launches that bucket's all-reduce (average) at
-once, so the buckets of the last layers are on the wire while the first layers' gradients are
-still being computed. The per-replica clip before the all-reduce is the MLPerf TF reference's
-default order; clipping bucket by bucket instead of with the replica's global norm keeps the
-all-reduce overlapped with backward (a global norm would need the whole backward first).
+    t_b = max_norm * sqrt(n_b / N)        the bucket's threshold
+    n   = ||g_b|| / loss_scale            its unscaled local norm
+    g_b *= min(t_b / (n + 1e-6), 1) / world_size, then all-reduced (summed)
 
-Per bucket b of n_b of the N gradient elements (DDP's bucket: `bucket.buffer()`, this rank's
-gradient; with gradient accumulation the accumulated one, since DDP calls its hook only on the
-micro-batch outside `no_sync`, after autograd has added that micro-batch into the .grad tensors):
-
-    t_b    = max_norm * sqrt(n_b / N)                     the bucket's threshold
-    n      = ||g_b|| / loss_scale                         the bucket's unscaled local norm
-    coef_b = min(t_b / (n + 1e-6), 1)                     g_b *= coef_b / world_size; all-reduce
-
-Why sqrt(n_b / N): the squared thresholds add up to max_norm^2, so after clipping a rank's whole
-gradient has norm <= max_norm, and so has the average over the ranks (triangle inequality): the
-bound global-norm clipping gives, whatever the number and sizes of the buckets (DDP's
-bucket_cap_mb, and the rebuild after the first step: DDP reduces the first step in one bucket
-holding every gradient, then groups them in the order they became ready, a 1 MiB first bucket
-and 25 MiB ones after it). Where every bucket's share of the squared norm equals its share of
-the elements, coef_b is the same for every bucket and equals the replica's global-norm clip
-min(max_norm / ||g||, 1). The same max_norm for every bucket would bound the result only by
-sqrt(K) * max_norm for K buckets, a bound that moves with the bucket size. The price of the
-composed thresholds: a bucket holding more than its share of the squared norm is clipped even
-when the rank's whole gradient is under max_norm (docs/performance.md measures the difference
-from clipping after the all-reduce).
-
-fp16: the loss is scaled before backward, so the buckets hold scaled gradients; the norm is
-divided by the scaler's current scale (a device tensor, read when the hook runs) and the
-coefficient applied to the scaled gradient, which clipped_step unscales after the all-reduce.
-Non-finite: a bucket whose local norm is not finite (inf/NaN in it, or a sum of squares beyond
-fp32) is multiplied by NaN, so every rank's reduced gradient is non-finite in that bucket and
-clipped_step skips the step on every rank, as it skips one whose global norm is not finite.
-The optimizer step then runs clipped_step with max_grad_norm=None: unscale, norm (of the
-clipped, averaged gradient), skip on non-finite, no second clip. Nothing reads the device.
-"""
+The squared thresholds add up to max_norm**2, so a rank's clipped gradient and the average stay
+within max_norm. A bucket with a non-finite norm is made NaN, so every rank skips the step; the
+step runs clipped_step with max_grad_norm=None (unscale, skip, no second clip). Nothing reads
+the device."""
 
 # no `from __future__ import annotations`: DDP's register_comm_hook compares the hook's
 # annotations with dist.GradBucket and torch.futures.Future[Tensor] themselves, not strings

@@ -1,43 +1,13 @@
-"""Global-norm gradient clipping, fp16 dynamic loss scaling, and the clip-then-step sequence.
-
-Clipping (max_grad_norm = 1.0 for MLPerf BERT):
-
-    n     = sqrt(sum over all grads of sum(g*g))          one global L2 norm, fp32
-    coef  = min(max_norm / (n + 1e-6), 1)                 grads *= coef
-
-This is NVIDIA DistributedFusedLAMB's pre-allreduce clipping (apex/contrib/optimizers/
-distributed_fused_lamb.py: `coeff = max_grad_norm / (1e-6 + L2_grad_norm)`, clamped to <= 1) and
-torch.nn.utils.clip_grad_norm_'s formula. (TF's tf.clip_by_global_norm, used by the MLPerf
-reference, computes `clip_norm / max(n, clip_norm)`, i.e. without the 1e-6; apex FusedLAMB divides
-by n / max_norm when n > max_norm. The differences are ~1e-6 relative and only when clipping.)
-The norm is computed with torch._foreach_norm (one multi-tensor launch per device/dtype) and the
-scaling with torch._foreach_mul_; nothing syncs with the host. With bertperf.optim.FlatLamb every
-gradient is a view of one flat buffer, and clipped_step's unscale, norm, clip and non-finite
-cleanup are one op each on that buffer.
-
-Order: the MLPerf TF reference clips per replica BEFORE the gradient all-reduce (unless
---clip_by_global_norm_after_gradient_allreduce); NVIDIA does the same by default and clips after
-the all-reduce in its *_clipafter configs; the MLPerf rules allow either. With DDP the grads seen
-here are already all-reduced, i.e. this is clip-after-allreduce. With gradient accumulation,
-clip once, on the accumulated gradient, just before the optimizer step. CLIP_BEFORE_ALLREDUCE=1
-clips before, bucket by bucket in a DDP communication hook (bertperf.optim.bucket_clip), and the
-step calls clipped_step with max_grad_norm=None (unscale, non-finite skip, no second clip).
-
-Non-finite norm (inf/NaN anywhere in the grads, or a sum of squares that overflows fp32): the step
-is skipped, decided on the device: clipped_step multiplies the grads by 0 and zeroes their inf/NaN
-entries, and the optimizer (Lamb.step(ok=...)) leaves weights, moments and its step count as they
-were; the scheduler does not advance (LinearWarmupPolyDecay.step(ok)). NVIDIA's
-DistributedFusedLAMB does the same (`is_finite = (norm + 1 > norm)`; the step counter and weights
-do not move), with or without fp16. Nothing in a step reads the device from the host: the caller
-reads the norm and the skipped-step count when it reports (every LOG_FREQ steps).
-
-fp16: DynamicLossScaler is torch.cuda.amp.GradScaler's policy with NVIDIA's settings
-(run_pretraining.py: `GradScaler(init_scale=INIT_LOSS_SCALE (default 2**20), growth_interval=2000)`,
-growth 2, back-off 0.5): multiply the loss by `scale` before backward, unscale the grads, and on
-a non-finite norm skip the step and halve the scale; after 2000 consecutive good steps double it.
-Its scale and counters are device tensors, updated with torch.where. bf16 autocast needs no
-scaling: pass scaler=None (non-finite norms still skip).
-"""
+"""Global-norm gradient clipping, fp16 dynamic loss scaling, and the clip-then-step sequence
+(docs/design.md compares them with TF's and apex's). clip_grad_norm_ scales the gradients by
+min(max_norm / (n + 1e-6), 1), n their global L2 norm in fp32, with foreach ops. clipped_step runs
+once per step on the accumulated gradient, after DDP's all-reduce (bucket_clip clips before it):
+unscale, norm, clip and step, or, on a non-finite norm (inf/NaN, or squares beyond fp32), a step
+skipped on the device (the grads zeroed, Lamb.step(ok=...) keeps weights, moments and count; the
+scheduler does not advance). DynamicLossScaler is GradScaler's policy with NVIDIA's settings
+(scale 2**20, doubled after 2000 good steps, halved on overflow), on the device; bf16 needs none
+(scaler=None). Nothing reads the device: the caller reads the norm and the skipped steps when it
+reports."""
 
 from __future__ import annotations
 

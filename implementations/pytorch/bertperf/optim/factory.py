@@ -1,17 +1,10 @@
-"""Build the optimizer by name, and list its MLPerf log keys.
-
-"lamb"  -> bertperf.optim.lamb.Lamb (the closed-division optimizer).
-"flat_lamb" -> bertperf.optim.flat_lamb.FlatLamb: the same LAMB over one flat fp32 buffer (the
-           parameters become views of it), stepped by bertperf.kernels.lamb_step.
-           use_flat_lamb says which of the two LAMBs a model's parameters take (the trainer's
-           FLAT_LAMB rule; `bench train` asks it too).
-"sharded_lamb" -> bertperf.optim.sharded_lamb.ShardedLamb: FlatLamb with its moments and update
-           sharded over the ranks of the process group (ZeRO-1; the trainer's SHARDED_LAMB).
-
-Hyper-parameters come from the caller (config.py reads BATCHSIZE, LR, OPT_LAMB_BETA_1/2,
-WEIGHT_DECAY_RATE, ...; nothing here reads the environment). Param groups from
-bertperf.optim.groups.param_groups carry their own weight_decay, which overrides `weight_decay`.
-"""
+"""Build the optimizer by name and list its MLPerf log keys: "lamb" (Lamb, per tensor), "flat_lamb"
+(FlatLamb: the same LAMB over one flat fp32 buffer, stepped by bertperf.kernels.lamb_step) or
+"sharded_lamb" (ShardedLamb: FlatLamb's state sharded over the ranks, ZeRO-1; the trainer's
+SHARDED_LAMB). use_flat_lamb says which of the first two a model's parameters take (the
+trainer's FLAT_LAMB rule; `bench train` asks it too). Hyper-parameters come from the caller
+(nothing here reads the environment); param groups carry their own weight_decay, which overrides
+`weight_decay`."""
 
 from __future__ import annotations
 

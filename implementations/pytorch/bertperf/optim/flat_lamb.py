@@ -1,35 +1,13 @@
-"""LAMB over one flat fp32 buffer: bertperf.optim.lamb.Lamb's step in a few kernel launches.
-
-What NVIDIA's apex optimizers do (FusedLAMB's multi-tensor kernels, DistributedFusedLAMB's
-`set_param_views_to_flat_buffer`): when FlatLamb is built, every parameter of its groups is copied
-into one flat fp32 buffer and re-pointed to its slice (`p.data = flat[a:b].view_as(p)`), every
-parameter's .grad becomes a view of one flat gradient buffer (autograd accumulates into it in
-place, micro-batch after micro-batch; DDP, with gradient_as_bucket_view off, copies its reduced
-bucket into it in place), and the moments are two more flat buffers. A step is then one
-bertperf.kernels.lamb_step over the buffers: three Triton launches for all parameters on CUDA,
-the same arithmetic on plain PyTorch elsewhere. Clipping works on the flat gradient buffer too
-(bertperf.optim.clip.clipped_step takes `flat_grads()`), so the step's norm, clip and
-non-finite cleanup are one tensor's ops instead of one per parameter.
-
-The update is Lamb's (its docstring states the formula and sources): weight decay and layer
-adaptation per tensor as its group decides them (Lamb.adapts); a parameter with the attribute
-`lamb_row_blocks = n` (the model's fused [3H, H] Q/K/V weight and its bias) counts as its n
-row blocks, each with its own trust ratio, as the reference's separate q, k and v variables.
-On CPU the step equals Lamb's bit for bit (tests/unit/test_flat_lamb.py); the Triton kernels
-round the norms in another order (within 1e-6). The differences from Lamb:
-
-* The groups share lr, betas, eps, bias_correction and grad_averaging (checked when built; the
-  step takes the first group's lr, which LinearWarmupPolyDecay writes for every group alike) and
-  the step count, which each group keeps as Lamb does (group["step"]).
-* Every parameter takes part in every step: one without a gradient counts as a zero gradient
-  (Lamb leaves it out); in training every parameter has one.
-* zero_grad zeroes the flat gradient buffer in place whatever set_to_none says. A .grad replaced
-  by another tensor or set to None since (by code outside the trainer) is copied back into the
-  buffer (None: zeros) and its view put back before the buffer is used.
-
-state_dict() is Lamb's (per-parameter exp_avg and exp_avg_sq, the groups' step counts), so a
-checkpoint written with either optimizer loads into the other.
-"""
+"""LAMB over one flat fp32 buffer, as apex's FusedLAMB / DistributedFusedLAMB keep it: when FlatLamb
+is built its parameters are copied into one buffer and re-pointed to their slices, their .grad
+become views of one flat gradient buffer (autograd accumulates into it in place; DDP, bucket views
+off, copies its reduced buckets into it), and the moments are two more flat buffers. A step is one
+bertperf.kernels.lamb_step (three Triton launches on CUDA, plain PyTorch elsewhere) with Lamb's
+arithmetic: bit for bit on the plain path, within 1e-6 on the kernels; a parameter marked
+`lamb_row_blocks = n` counts as its n row blocks. Unlike Lamb, the groups share lr (the first
+group's), betas, eps, bias_correction and grad_averaging (checked); every parameter takes part in
+every step (no gradient: zeros); zero_grad zeroes the buffer in place, and a .grad replaced or set
+to None is copied back first. state_dict() is Lamb's: checkpoints load into either."""
 
 from __future__ import annotations
 

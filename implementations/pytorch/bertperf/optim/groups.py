@@ -1,31 +1,10 @@
-"""Parameter groups for BERT: weight decay (and LAMB layer adaptation) except bias and LayerNorm.
-
-Rule (a parameter is "excluded": no weight decay, no trust ratio) when either
-
-1. its name contains one of NO_DECAY_PATTERNS as a substring:
-   * "bias", "LayerNorm", "layer_norm": the MLPerf TF reference,
-     mlcommons/training@d6b13890 language_model/tensorflow/bert/optimization.py:create_optimizer
-     passes exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"] to LAMBOptimizer, which
-     tests them with re.search (a plain substring test for these literals) and uses the same list
-     for exclude_from_layer_adaptation;
-   * "gamma", "beta": added by NVIDIA's run_pretraining.py (training_results_v2.0
-     NVIDIA/benchmarks/bert/implementations/pytorch/run_pretraining.py:
-     no_decay = ['bias', 'gamma', 'beta', 'LayerNorm'], `any(nd in n for nd in no_decay)`),
-     the TF-checkpoint names of LayerNorm scale/offset; here they match only as a whole dotted
-     name component (".gamma", ".beta" or the full name), so a name that merely contains the
-     letters (say "alphabetical") is not excluded;
-2. or it belongs directly to a torch.nn.LayerNorm (or any module class listed in
-   `norm_types`), whatever it is called, e.g. a fused/renamed LayerNorm ("ln", "norm").
-
-Everything else (dense/embedding weights) gets `weight_decay` and the trust ratio. On a BERT
-model with Hugging Face / NVIDIA names both rules select the same tensors. Caveat: a fused module
-that stores a bias under a name without "bias" (NVIDIA's FMHA keeps the packed Q/K/V bias as
-`Bqkv`, which NVIDIA's rule therefore decays) is decayed here too; give such tensors a name
-containing "bias" to exclude them.
-
-Frozen parameters (requires_grad=False) are left out; a tied parameter appears once
-(named_parameters de-duplicates), under its first name.
-"""
+"""Parameter groups for BERT: weight decay and LAMB's trust ratio for every parameter except the
+excluded ones (docs/design.md gives the references' rules): (1) a name containing "bias",
+"LayerNorm" or "layer_norm", or with "gamma" or "beta" as a whole dotted component (NVIDIA's
+TF-checkpoint LayerNorm names); (2) a parameter owned directly by a torch.nn.LayerNorm (or a
+class in `norm_types`), whatever its name. On BERT with HF or NVIDIA names both rules pick the
+same tensors. A fused tensor holding a bias under another name is decayed: give it a name with
+"bias". Frozen parameters are left out; a tied parameter appears once, under its first name."""
 
 from __future__ import annotations
 

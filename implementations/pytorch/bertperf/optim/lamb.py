@@ -1,63 +1,18 @@
-"""LAMB as the MLPerf BERT reference and NVIDIA's submissions compute it, as multi-tensor ops.
+"""LAMB as the MLPerf BERT reference (TF `lamb_optimizer_v1.py`) and NVIDIA's apex FusedLAMB /
+DistributedFusedLAMB compute it, as multi-tensor ops (docs/design.md, "The optimizer against
+its sources", gives the sources rule by rule). Per tensor w with gradient g (already clipped,
+bertperf.optim.clip), at the group's step t = 1, 2, ...:
 
-The update, per parameter tensor w with gradient g (g already clipped, see bertperf.optim.clip),
-at step t = 1, 2, ... (t counts the steps this group has taken, the first one is t = 1):
+    m <- beta1 m + beta3 g      (beta3 = 1 - beta1; 1 with grad_averaging=False)
+    v <- beta2 v + (1 - beta2) g g
+    u  = (m / (1 - beta1**t)) / (sqrt(v / (1 - beta2**t)) + eps) + wd w
+                                (bias_correction=False: m and v as they are)
+    w <- w - lr r u,   r = ||w|| / ||u|| where both are > 0 and the group adapts, else 1
 
-    m  <- beta1 * m + beta3 * g                 beta3 = 1 - beta1   (grad_averaging=True, default)
-                                                beta3 = 1           (grad_averaging=False)
-    v  <- beta2 * v + (1 - beta2) * g * g
-    m^ =  m / (1 - beta1**t)                    bias correction (bias_correction=True, default);
-    v^ =  v / (1 - beta2**t)                    with bias_correction=False: m^ = m, v^ = v
-    u  =  m^ / (sqrt(v^) + eps)  +  wd * w      eps OUTSIDE the square root; decoupled decay
-                                                added to the update (wd = the group's weight_decay)
-    r  =  ||w|| / ||u||   if ||w|| > 0 and ||u|| > 0
-          1.0             otherwise             (the trust ratio; ||.|| = L2 norm of the tensor)
-          1.0             for groups without layer adaptation (bias, LayerNorm)
-    w  <- w - lr * r * u
-
-Sources, rule by rule (all three agree on every rule above):
-
-* MLPerf TF reference, mlcommons/training@d6b13890c52c6a93332e377e3c78acf59c4c6a29
-  language_model/tensorflow/bert/lamb_optimizer_v1.py `LAMBOptimizer._resource_apply_dense`:
-  moments (`m_t = m*beta1 + grad*(1-beta1)`, `v_t = v*beta2 + grad*grad*(1-beta2)`), bias
-  correction with `beta1_power`/`beta2_power` (created as beta1/beta2 and multiplied by beta in
-  `_finish` after every step, so the first step divides by 1-beta1), `update = m_t_hat /
-  (sqrt(v_t_hat) + epsilon)`, `update += weight_decay_rate * var` unless the name matches
-  `exclude_from_weight_decay`, trust ratio `where(w_norm > 0, where(g_norm > 0, w_norm/g_norm,
-  1.0), 1.0)` where g_norm is the norm of the update INCLUDING the decay term, applied only
-  where `_do_layer_adaptation` (exclude_from_layer_adaptation defaults to the weight-decay
-  exclusions: ["LayerNorm", "layer_norm", "bias"], passed by optimization.py:create_optimizer),
-  then `var -= ratio * lr * update`. eps = 10**log_epsilon = 1e-6 there.
-* NVIDIA apex `csrc/multi_tensor_lamb.cu` (FusedLAMB, the non-distributed path of NVIDIA's
-  run_pretraining.py) and `apex/contrib/csrc/optimizers/multi_tensor_distopt_lamb_kernel.cu`
-  (DistributedFusedLAMB, what the submissions run): stage 1 MOMENT_MODE_1 (adam_w_mode):
-  `m = m*beta1 + beta3*g` with beta3 = 1-beta1 when grad_averaging, `v = v*beta2 +
-  (1-beta2)*g*g`, `denom = sqrtf(v/beta2_correction) + epsilon`, `update = (m/beta1_correction)
-  / denom + decay*p`; stage 2: `ratio = lr * (param_norm/update_norm)` when both norms are
-  non-zero, else `lr`, and only when `use_nvlamb || decay != 0` (NVIDIA passes use_nvlamb=False).
-  apex's group step is incremented before the update (first step t = 1); DistributedFusedLAMB
-  does not advance its step on a non-finite gradient norm (here: the step is not called, see
-  bertperf.optim.clip.clipped_step).
-
-Layer adaptation is a per-group flag, ``layer_adaptation``: True/False, or None (the default)
-for apex's rule "adapt when weight_decay != 0". The two sources differ only when a group has
-decay 0 but is not a bias/LayerNorm group (e.g. WEIGHT_DECAY_RATE=0): TF still adapts it, apex
-does not. bertperf.optim.groups.param_groups sets the flag explicitly to the TF reference's rule
-(adapt exactly the tensors that are not excluded by name).
-
-Gradient clipping is not done here: the TF reference clips with tf.clip_by_global_norm(grads,
-1.0) before apply_gradients, and NVIDIA's optimizer scales the gradient by the clip coefficient
-first thing in stage 1; both are equivalent to clipping the grads and then running this step.
-
-Implementation: per group, the lists of params/grads/moments are built once per step; every
-arithmetic op is one torch._foreach_* call over the whole list; per-tensor norms come from
-torch._foreach_norm and the trust ratios are computed for all tensors at once on the device (no
-host sync unless ratios_on_host=True, see Lamb). The number of torch ops per step does not depend
-on the number of parameters. State: state[p]["exp_avg"], state[p]["exp_avg_sq"] (dtype of p); the
-step count is group["step"], a float64 0-d tensor on the parameters' device, so that a step
-skipped on the device (`step(ok=...)`, bertperf.optim.clip.clipped_step) does not count and the
-bias corrections need no host value. Sparse gradients are rejected.
-"""
+Every op is one torch._foreach_* call per group, the trust ratios computed on the device. State:
+exp_avg and exp_avg_sq per parameter; the step count group["step"] is a float64 0-d tensor on
+the parameters' device, so a step skipped there (`step(ok=...)`) does not count. Sparse gradients
+are rejected."""
 
 from __future__ import annotations
 

@@ -1,46 +1,12 @@
-"""The MLPerf BERT learning-rate schedule: linear warm-up, then polynomial decay to end_lr.
-
-NVIDIA's formula (training_results_v2.0 NVIDIA/benchmarks/bert/implementations/pytorch/
-schedulers.py:LinearWarmupPolyDecayScheduler.get_lr; unchanged in later rounds), with s the
-scheduler's step, set by `step()` to `optimizer._step + 1` and called BEFORE each optimizer
-step, i.e. s = (optimizer steps already completed) + 1 = the 1-based index of the step about to run:
-
-    offset   = 1 if start_warmup_step == 0 else 0
-    mod_step = s - offset - start_warmup_step
-    if mod_step < warmup_steps:
-        lr = base_lr * mod_step / (warmup_steps + 1e-6)                          # warm-up
-    else:
-        p  = min((s - offset) / total_steps, 1)
-        lr = (base_lr - end_lr) * (1 - p) ** power + end_lr                     # decay
-
-total_steps = MAX_STEPS, power = 1.0 and end_lr = 0 in every MLPerf BERT config. Notes:
-
-* The decay is measured from step 0, not from the end of warm-up, so with a negative
-  start_warmup_step the LR rises to ~base_lr and then drops onto the decay line.
-* With start_warmup_step == 0 the offset makes mod_step = completed steps, exactly the TF
-  reference's `global_step` (mlcommons/training@d6b13890 language_model/tensorflow/bert/
-  optimization.py:create_optimizer: `polynomial_decay(init_lr, global_step, num_train_steps,
-  end_learning_rate=0.0, power=poly_power)`, replaced by `(global_step - start_warmup_step) /
-  num_warmup_steps * init_lr` while `global_step - start_warmup_step < num_warmup_steps`); in
-  particular the very first step runs with lr = 0. With start_warmup_step != 0 NVIDIA's offset is
-  0, so NVIDIA's schedule is one step AHEAD of the TF reference's (see tf_reference_lr_at).
-  We follow NVIDIA (the configs' START_WARMUP_STEP values were tuned on it).
-* The warm-up divides by warmup_steps + 1e-6 (NVIDIA; TF divides by warmup_steps exactly).
-* A positive start_warmup_step gives mod_step < 0, i.e. a NEGATIVE learning rate, for
-  s < start_warmup_step (and lr = 0 at s = start_warmup_step); both references do this. No
-  MLPerf config uses a positive value (they use 0, -25, -76, -100, -700, -9500, -200000); the
-  scheduler warns when given one and otherwise follows the formula.
-* When WARMUP_STEPS == 0 NVIDIA's trainer replaces (warmup, start) by
-  (int(MAX_STEPS * WARMUP_PROPORTION), 0) (run_pretraining.py:prepare_model_and_optimizer);
-  resolve_warmup does that.
-
-This module's scheduler follows torch's convention instead of NVIDIA's call order: construct it
-(the LR of the first step is set then) and call `step(ok)` AFTER every optimizer step (ok: whether
-it was taken; a skipped step, e.g. an fp16 overflow, does not count, as NVIDIA does not count it
-either). Its completed-step count k lives on the device, and each group's "lr" is a 0-d float64
-tensor there that `step` rewrites in place with lr_at(k + 1) computed by device ops: no host sync,
-and capturable in a CUDA graph (NVIDIA also writes its LR on the device). `last_epoch` reads k.
-"""
+"""The MLPerf BERT learning-rate schedule as NVIDIA's LinearWarmupPolyDecayScheduler computes it:
+linear warm-up, then polynomial decay to end_lr measured from step 0 (`lr_at`; docs/design.md,
+"The optimizer against its sources", states the formula and how it differs from the TF
+reference's, `tf_reference_lr_at`); `resolve_warmup` derives (warmup, start) as NVIDIA's trainer
+does. LinearWarmupPolyDecay follows torch's convention, not NVIDIA's call order: construct it
+(the first step's LR is set then) and call `step(ok)` after every optimizer step; a skipped step
+does not count. Its completed-step count k lives on the device, and each group's "lr" is a 0-d
+float64 tensor there, rewritten in place with lr_at(k + 1) by device ops: no host sync,
+capturable in a CUDA graph. `last_epoch` reads k."""
 
 from __future__ import annotations
 

@@ -1,45 +1,13 @@
-"""LAMB with its state sharded over the data-parallel ranks (ZeRO stage 1), over FlatLamb's flat
-buffers, as NVIDIA's apex DistributedFusedLAMB does it.
-
-Every rank keeps the whole model (FlatLamb's flat fp32 weight buffer, the parameters its views)
-and the whole local gradient buffer, which backward accumulates into micro-batch after
-micro-batch with no communication (the model is not wrapped in DistributedDataParallel). The
-buffers are padded with zeros to world_size * S elements, S = ceil(parameters / world_size);
-rank r owns elements [r*S, (r+1)*S). A step (bertperf.optim.clip.clipped_step) then
-
-1. reduce-scatters the gradients (`reduced_grads`): each rank's buffer is multiplied by
-   1/world_size (as DDP does before its all-reduce) and summed over ranks, rank r receiving only
-   its shard: the gradient averaged over ranks, as DDP would have left it, for its S elements;
-2. clips by the global norm: the norm of the shard, squared and summed over ranks
-   (`norm_over_ranks`, one all-reduce of one number); a non-finite norm skips the step on every
-   rank alike, and fp16 unscaling is the shard's, as clipped_step does for the whole buffer;
-3. updates the rank's shard: moments exp_avg and exp_avg_sq exist only for the shard (2*S
-   floats per rank instead of 2*parameters), the update u = m^/(sqrt(v^)+eps) + wd*w is
-   elementwise; the trust ratio ||w||/||u|| stays per whole tensor (per row block for a
-   parameter marked `lamb_row_blocks`), as LAMB defines it: each rank sums the squares of w and
-   u over its part of every tensor, one all-reduce of that [2, tensors] float64 vector makes the
-   whole tensors' sums, and every rank takes the same ratios; the shard's weights move by
-   -lr * ratio * u;
-4. all-gathers the weights: every rank's shard into every rank's flat weight buffer, in place.
-
-Collectives: torch.distributed.reduce_scatter_single and all_gather_single (their older names
-reduce_scatter_tensor and all_gather_into_tensor where torch has not renamed them) on every
-backend: NCCL runs them as its native reduce-scatter and all-gather; gloo in torch 2.13 (the CPU
-build this project pins) has both for CPU tensors too (checked element for element against
-all_reduce, the all-gather in place, by tests/unit/test_sharded_lamb.py), so the same code runs
-on CPU and GPU. With one rank there is no communication and a step is FlatLamb's.
-
-Rounding: the moments, the update and the weights are computed as FlatLamb's plain path rounds
-them; the norms differ in the order of summation only (a tensor split between two shards sums
-its two parts' squares), so the weights agree with the replicated optimizer's within 1e-6, bit
-for bit where no tensor is split (one rank). The Triton kernels of bertperf.kernels.lamb_step
-are not used here (they take a tensor's norm in one pass).
-
-state_dict() is Lamb's and FlatLamb's format, whole tensors: the shards are all-gathered (a
-collective: every rank calls it, and holds both whole moments for that moment), so a checkpoint
-does not depend on the world size it was written at; load_state_dict takes Lamb's, FlatLamb's
-or ShardedLamb's state from any world size and keeps the rank's shard of it.
-"""
+"""LAMB with its state sharded over the data-parallel ranks (ZeRO stage 1) over FlatLamb's flat
+buffers, as apex's DistributedFusedLAMB (docs/design.md, SHARDED_LAMB). Every rank holds the
+whole model and its local gradient buffer (no DDP), padded to world_size * S elements (S =
+shard_numel); rank r owns [r*S, (r+1)*S). A step (bertperf.optim.clip.clipped_step):
+1. `reduced_grads` reduce-scatters the gradients, averaged over the ranks; 2. the global norm is
+the shards' summed over the ranks (`norm_over_ranks`), clipped or skipped as usual; 3. the rank
+updates its shard, with moments for it only, the trust ratios per whole tensor (or row block)
+from one all-reduce of the shards' sums of squares; 4. the weights are all-gathered in place.
+The weights agree with the replicated optimizer's within 1e-6 (bit for bit on one rank).
+state_dict() is Lamb's format with whole tensors (a collective), loadable at any world size."""
 
 from __future__ import annotations
 
