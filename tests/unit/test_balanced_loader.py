@@ -40,7 +40,7 @@ def shards(tmp_path_factory) -> Path:
 
 
 def loaders(ds, b, world, **kw):
-    kw = {"seed": 5, "prefetch": 0, "split": "global_batch", "layout": "varlen", **kw}
+    kw = {"seed": 5, "prefetch": 0, "split": "global_batch", **kw}
     return [ShardLoader(ds, b, rank=r, world_size=world, **kw) for r in range(world)]
 
 
@@ -80,7 +80,7 @@ def test_balance_evens_the_tokens_and_is_deterministic(shards):
 @pytest.mark.parametrize("position", [0, 12, 17, 36])
 def test_balanced_resume_is_exact(shards, position):
     ds = ShardDataset.from_folder(shards)
-    kw = {"rank": 2, "world_size": 3, "seed": 9, "split": "global_batch", "layout": "varlen",
+    kw = {"rank": 2, "world_size": 3, "seed": 9, "split": "global_batch",
           "balance": True}
     full = ShardLoader(ds, 6, prefetch=0, **kw)
     want = [[s for x in full for s in _ids(x)] for _ in range(2)]
@@ -171,7 +171,7 @@ def test_stratified_batches_draw_fixed_counts_from_every_bin(stratified, world, 
 
 def test_stratified_with_balance_resumes_exactly(stratified):
     ds = ShardDataset.from_stratified(stratified)
-    kw = {"rank": 1, "world_size": 2, "seed": 3, "split": "global_batch", "layout": "varlen",
+    kw = {"rank": 1, "world_size": 2, "seed": 3, "split": "global_batch",
           "balance": True}
     full = ShardLoader(ds, 8, prefetch=0, **kw)
     want = [s for x in full for s in _ids(x)]
@@ -184,7 +184,7 @@ def test_stratified_with_balance_resumes_exactly(stratified):
 
 def test_stratified_epochs_differ_and_bins_are_checked(stratified, tmp_path):
     ds = ShardDataset.from_stratified(stratified)
-    loader = ShardLoader(ds, 8, seed=1, prefetch=0, split="global_batch", layout="varlen")
+    loader = ShardLoader(ds, 8, seed=1, prefetch=0, split="global_batch")
     first, second = [_ids(x) for x in loader], [_ids(x) for x in loader]
     assert first != second
     with pytest.raises(UserError, match="stratify.json"):
@@ -193,15 +193,15 @@ def test_stratified_epochs_differ_and_bins_are_checked(stratified, tmp_path):
     with pytest.raises(UserError, match=str(tmp_path)):
         ShardDataset.from_stratified(tmp_path)
     with pytest.raises(ValueError, match="stratified"):
-        ShardLoader(ds, 8, split="shards", layout="varlen")
+        ShardLoader(ds, 8, split="shards")
 
 
 def test_trainer_switches_are_checked(stratified, shards):
     """BALANCE parses as yes/no; LAYOUT=stratified is what a stratify output holds and needs
     LOADER_SPLIT=global_batch; an unpadded folder is not stratified: one line each."""
     from bertperf.config import load
-    from bertperf.train.checks import resolve_layout
-    from tests.unit.test_train import env_for
+    from bertperf.train.layout import resolve
+    from tests.support.copy_task import env_for
 
     def cfg(root: Path, **extra: str):
         env = env_for(root)
@@ -212,13 +212,13 @@ def test_trainer_switches_are_checked(stratified, shards):
         cfg(stratified.parent / "b", BALANCE="maybe")
     assert "\n" not in str(err.value)
     strat = {"DATADIR_PHASE2": str(stratified)}
-    assert resolve_layout(cfg(stratified.parent / "c", **strat)).data.layout == "stratified"
+    assert resolve(cfg(stratified.parent / "c", **strat)).data.layout == "stratified"
     for extra, message in [({**strat, "LOADER_SPLIT": "shards"}, "needs LOADER_SPLIT"),
                            ({**strat, "LAYOUT": "varlen"}, "holds length-stratified shards"),
                            ({"DATADIR_PHASE2": str(shards), "LAYOUT": "stratified"},
                             "holds unpadded shards")]:
         with pytest.raises(UserError, match=message) as err:
-            resolve_layout(cfg(stratified.parent / message.replace(" ", "_"), **extra))
+            resolve(cfg(stratified.parent / message.replace(" ", "_"), **extra))
         assert "\n" not in str(err.value)
 
 

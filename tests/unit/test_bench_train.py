@@ -372,7 +372,7 @@ def test_rows_take_the_trainers_lamb(tmp_path, monkeypatch):
     from bertperf.bench import train
     from bertperf.kernels import backend
     from bertperf.optim import FlatLamb, Lamb
-    from bertperf.train.loop import flat_lamb
+    from bertperf.optim import use_flat_lamb
 
     bench = small_bench(tmp_path, packed=False)
     plain = train.bertperf_row(bench, ("varlen", "fused kernels"))
@@ -385,13 +385,12 @@ def test_rows_take_the_trainers_lamb(tmp_path, monkeypatch):
     assert type(before.optimizer) is Lamb and before.triton is False
     assert type(hf.optimizer) is Lamb
     # the trainer's rule, with FLAT_LAMB=auto, for the same parameters
-    auto = type("Cfg", (), {"optim": type("Optim", (), {"flat_lamb": None})})()
-    assert flat_lamb(auto, fused.model) is True
+    assert use_flat_lamb(fused.model.parameters(), None) is True
     # FlatLamb's parameters are views of its buffer: the row's model trains through it
     assert fused.model.bert.embeddings.word_embeddings.weight.data_ptr() == \
         fused.optimizer._weights.data_ptr()
     with train.triton_path(False):
-        assert flat_lamb(auto, fused.model) is False
+        assert use_flat_lamb(fused.model.parameters(), None) is False
 
 
 def test_the_optimizer_line_names_each_rows_lamb(capsys):

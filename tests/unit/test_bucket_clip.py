@@ -24,8 +24,8 @@ from bertperf.errors import UserError
 from bertperf.optim import DynamicLossScaler, Lamb, clipped_step, global_grad_norm
 from bertperf.optim.bucket_clip import BucketClip, bucket_threshold, clip_then_allreduce
 from bertperf.optim.clip import CLIP_EPS
-from tests.e2e.test_train_ddp import free_port
-from tests.unit.test_train import env_for
+from tests.support.copy_task import env_for
+from tests.support.net import free_port
 
 WORLD, GA, SCALE = 2, 2, 2.0**4
 MAX_NORM = 0.2  # between the first and the last layers' bucket norms of mlp(): some clip
@@ -151,11 +151,11 @@ def reference_step(trainer, micro, before: bool) -> list[torch.Tensor]:
     from bertperf.model import BertForPreTraining, forward_loss
     from bertperf.optim import make_optimizer, param_groups
     from bertperf.optim.clip import clip_coefficient
-    core = BertForPreTraining(trainer.core.config)  # (a deepcopy drops lamb_row_blocks)
-    core.load_state_dict(trainer.core.state_dict())
+    core = BertForPreTraining(trainer.plan.core.config)  # (a deepcopy drops lamb_row_blocks)
+    core.load_state_dict(trainer.plan.core.state_dict())
     opt = make_optimizer("lamb", param_groups(core, trainer.cfg.optim.weight_decay), lr=0.0)
     # the LR the schedule set, betas, eps (copied: FlatLamb's moments are views of its buffer)
-    opt.load_state_dict(copy.deepcopy(trainer.optimizer.state_dict()))
+    opt.load_state_dict(copy.deepcopy(trainer.plan.optimizer.state_dict()))
     divisors = trainer.dist.sum(torch.stack([m.counts for m in micro]).sum(0)).clamp(min=1) / WORLD
     for m in micro:
         forward_loss(core, m.inputs, divisors).backward()
@@ -174,23 +174,23 @@ def reference_step(trainer, micro, before: bool) -> list[torch.Tensor]:
 def trainer_rank(rank: int, env: dict, runs: list[tuple[str, str, int]], out: Path) -> None:
     from bertperf.config import load
     from bertperf.mlperf.log import MLPerfLogger
-    from bertperf.model import UnpaddedBatch
-    from bertperf.train.loop import DeviceBatches, setup, train_step
+    from bertperf.train.checks import prepare
+    from bertperf.train.loop import setup, train_step
     torch.set_num_threads(1)
     for switch, flat, port in runs:
-        cfg = load({**env, "CLIP_BEFORE_ALLREDUCE": switch, "FLAT_LAMB": flat, "RANK": str(rank),
-                    "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank), "MASTER_PORT": str(port)})
+        cfg = prepare(load({**env, "CLIP_BEFORE_ALLREDUCE": switch, "FLAT_LAMB": flat, "RANK": str(rank),
+                    "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank), "MASTER_PORT": str(port)}))
         trainer = setup(cfg, MLPerfLogger(out / f"log_{switch}{flat}_{rank}.txt", rank=rank,
                                           echo=False))
-        batches = DeviceBatches(trainer.loader, trainer.device, UnpaddedBatch)
-        micro = [next(batches) for _ in range(GA)]
+        micro = [next(trainer.batches) for _ in range(GA)]
         want = {before: reference_step(trainer, micro, before) for before in (True, False)}
         train_step(trainer, micro)
-        got = [p.detach() for p in trainer.core.parameters()]
+        got = [p.detach() for p in trainer.plan.core.parameters()]
         mine, other = want[switch == "1"], want[switch == "0"]
         assert max(float((a - b).abs().max()) for a, b in zip(mine, other)) > 1e-4
         for i, (a, b) in enumerate(zip(got, mine)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{switch} {flat} {i}")
+        trainer.plan.release()
         trainer.loader.close()
         trainer.dist.close()
 
@@ -217,8 +217,9 @@ def test_switch_parses(tmp_path, value, want):
 ])
 def test_switch_refused_in_one_line(tmp_path, change, message):
     from bertperf.config import load
+    from bertperf.train.checks import prepare
     with pytest.raises(UserError, match=message) as exc:
-        load(env_for(tmp_path, **change))
+        prepare(load(env_for(tmp_path, **change)))
     assert "\n" not in str(exc.value)
 
 
@@ -261,12 +262,17 @@ def test_bench_clip_shows_the_overlap_and_the_difference(tmp_path):
 
 def test_resume_needs_the_same_clipping(tmp_path):
     """A checkpoint saved with the switch on does not resume with it off, nor the other way; a
-    fingerprint with it off has no key for it (checkpoints written before the switch)."""
-    from bertperf.config import load
-    from bertperf.train.checkpoint import _check_config, fingerprint
+    checkpoint written before the switch existed (its fingerprint has no key for it) counts as
+    clipped after the all-reduce, the default."""
+    from bertperf.config import fingerprint, load
+    from bertperf.train.checkpoint import Fingerprint
     on, off = (fingerprint(load(env_for(tmp_path / v, CLIP_BEFORE_ALLREDUCE=v))) for v in "10")
-    assert "CLIP_BEFORE_ALLREDUCE" not in off
-    _check_config(Path("ckpt.pt"), on, on)
+    assert (on["CLIP_BEFORE_ALLREDUCE"], off["CLIP_BEFORE_ALLREDUCE"]) == (True, False)
+    Fingerprint(on).load_state_dict(on)
     for saved, mine in ((on, off), (off, on)):
         with pytest.raises(UserError, match="CLIP_BEFORE_ALLREDUCE"):
-            _check_config(Path("ckpt.pt"), saved, mine)
+            Fingerprint(mine).load_state_dict(saved)
+    older = {k: v for k, v in off.items() if k != "CLIP_BEFORE_ALLREDUCE"}
+    Fingerprint(off).load_state_dict(older)
+    with pytest.raises(UserError, match="saved with CLIP_BEFORE_ALLREDUCE=False, this run has True"):
+        Fingerprint(on).load_state_dict(older)

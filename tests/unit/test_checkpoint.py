@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.test_train import make_dataset, tiny_bert_config
+from tests.support.copy_task import make_dataset, tiny_bert_config
+from tests.support.mlperf_logs import checker
+from tests.support.paths import PYTHONPATH
 
-ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join([str(ROOT / "implementations" / "pytorch"), str(ROOT)])
 N = 20  # steps of the whole run; 64 training samples / 8 per step = 8 steps an epoch
 
 
@@ -66,7 +66,6 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, data):
     from bertperf.train.checkpoint import file_name, newest_first
-    from tests.unit.test_mlperf_log import check
     full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck_a")))
     assert len(full) == N and len(set(full)) == N
     assert sorted(p.name for p in (tmp_path / "ck_a").iterdir()) == [file_name(N)]  # end only
@@ -100,7 +99,26 @@ def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, dat
                 for e in events if e["key"] == "resumed"] == [(str(source), k, k * 8)]
         assert f"resuming from {source}: step {k}, {k * 8} samples trained" in \
             capsys.readouterr().err
-        assert "SUCCESS" in check(tmp_path / out / "log.txt").stderr
+        assert "SUCCESS" in checker(tmp_path / out / "log.txt").stderr
+
+
+def test_a_checkpoint_of_the_previous_format_resumes_on_the_same_curve(tmp_path, monkeypatch,
+                                                                       data):
+    """Format 3 (the counters at the top level; a fingerprint without the settings marked since,
+    LOADER_SPLIT and BALANCE, which then count with their defaults) resumes as today's does."""
+    from bertperf.train.checkpoint import file_name
+    ck, steps = tmp_path / "ck", "8"
+    full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(ck),
+                                     CHECKPOINT_EVERY="4", MAX_STEPS=steps))
+    new = torch.load(ck / file_name(4), weights_only=True)
+    old = {**{k: v for k, v in new.items() if k != "progress"}, **new["progress"],
+           "format": "bertperf-checkpoint-3",
+           "config": {k: v for k, v in new["config"].items()
+                      if k not in ("LOADER_SPLIT", "BALANCE")}}
+    torch.save(old, tmp_path / "old.pt")
+    rest = run(monkeypatch, base_env(data, tmp_path / "b", MAX_STEPS=steps,
+                                     RESUME_FROM=str(tmp_path / "old.pt")))
+    assert len(full) == 8 and rest == full[4:]
 
 
 def test_flat_lamb_trains_and_resumes_as_lamb(tmp_path, monkeypatch, data):
@@ -109,11 +127,11 @@ def test_flat_lamb_trains_and_resumes_as_lamb(tmp_path, monkeypatch, data):
     bit for bit, and a checkpoint of step 3 written with either resumes with the other, or
     itself, on that curve bit for bit; with clipping on (the global norm is summed in another
     order) the losses within 1e-6."""
-    from bertperf.train import loop
+    from bertperf.train import parallel
     from bertperf.train.checkpoint import file_name
     names = []
-    real = loop.make_optimizer
-    monkeypatch.setattr(loop, "make_optimizer", lambda name, *a, **k: names.append(name)
+    real = parallel.make_optimizer
+    monkeypatch.setattr(parallel, "make_optimizer", lambda name, *a, **k: names.append(name)
                         or real(name, *a, **k))
     steps = 6
 

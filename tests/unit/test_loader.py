@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from bertperf.bench.loader import synthetic_samples, write_synthetic_packed
-from bertperf.data.collate import collate_varlen
+from bertperf.data.collate import collate_padded, collate_varlen
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
 from bertperf.data.order import EpochPlan, permutation
@@ -21,6 +22,8 @@ from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import FIELDS, read_shard, write_shard
 
 L, P = 64, 10
+PADDED = functools.partial(collate_padded, max_seq_length=L, max_pred=P)
+"""The reference's padded arrays, which most tests here read (sample_keys)."""
 
 
 def make_shards(folder: Path, sizes: list[int], seed: int = 0, msl: int = L,
@@ -169,7 +172,8 @@ def test_loader_covers_everything_once_per_epoch(shards):
     keys = all_keys(shards)
     got = []
     for r in range(world):
-        loader = ShardLoader(ShardDataset(shards), 8, rank=r, world_size=world, seed=5,
+        loader = ShardLoader(ShardDataset(shards), 8, collate=PADDED, rank=r, world_size=world,
+                             seed=5,
                              drop_last=False, prefetch=0)
         got.extend(stream(loader))
     assert sorted(got) == sorted(keys) and len(set(got)) == len(got)
@@ -179,29 +183,31 @@ def test_batches_and_last_partial_batch(shards):
     ds = ShardDataset(shards)
     total = ds.num_samples
     for drop_last in (True, False):
-        loader = ShardLoader(ds, 16, drop_last=drop_last, prefetch=0)
+        loader = ShardLoader(ds, 16, collate=PADDED, drop_last=drop_last, prefetch=0)
         sizes = [len(b["next_sentence_labels"]) for b in loader]
         assert len(sizes) == len(loader)
         assert all(n == 16 for n in sizes[:-1])
         assert sum(sizes) == (total // 16 * 16 if drop_last else total)
         if not drop_last:
             assert sizes[-1] == total % 16
-        b = next(iter(ShardLoader(ds, 16, prefetch=0)))
+        b = next(iter(ShardLoader(ds, 16, collate=PADDED, prefetch=0)))
         assert b["input_ids"].shape == (16, L) and b["masked_lm_ids"].shape == (16, P)
     # batches bigger than every shard span several shards
-    big = ShardLoader(ds, 100, prefetch=0, drop_last=False)
+    big = ShardLoader(ds, 100, collate=PADDED, prefetch=0, drop_last=False)
     assert [len(b["next_sentence_labels"]) for b in big] == [100, total - 100]
 
 
 def test_deterministic_and_epochs_differ(shards):
     def run(**kw):
-        return stream(ShardLoader(ShardDataset(shards), 8, prefetch=0, drop_last=False, **kw))
+        return stream(ShardLoader(ShardDataset(shards), 8, collate=PADDED, prefetch=0,
+                                  drop_last=False, **kw))
     a = run(seed=1, epoch=0)
     assert a == run(seed=1, epoch=0)
     assert sorted(a) == sorted(run(seed=1, epoch=1)) and a != run(seed=1, epoch=1)
     assert a != run(seed=2, epoch=0)
     # one loader, consecutive loops = consecutive epochs
-    loader = ShardLoader(ShardDataset(shards), 8, seed=1, prefetch=0, drop_last=False)
+    loader = ShardLoader(ShardDataset(shards), 8, collate=PADDED, seed=1, prefetch=0,
+                         drop_last=False)
     assert stream(loader) == a and loader.state_dict()["epoch"] == 1
     assert stream(loader) == run(seed=1, epoch=1)
 
@@ -210,15 +216,16 @@ def test_deterministic_and_epochs_differ(shards):
 def test_resume_at_any_sample(shards, prefetch):
     ds = ShardDataset(shards)
     kw = dict(rank=1, world_size=2, seed=4, epoch=2, drop_last=False, prefetch=prefetch)
-    full = stream(ShardLoader(ds, 8, **kw))
+    full = stream(ShardLoader(ds, 8, collate=PADDED, **kw))
     plan = EpochPlan(ds.counts, 4, 2, 1, 2)
     first_len = len(plan.refs(0, plan.length)[0][1])
     for k in (0, 1, 7, 8, 13, first_len - 1, first_len, first_len + 3, len(full) - 1, len(full)):
-        resumed = stream(ShardLoader(ds, 8, start_sample=k, **kw))
+        resumed = stream(ShardLoader(ds, 8, collate=PADDED, start_sample=k, **kw))
         assert resumed == full[k:], k
     # aligned positions give identical batches (drop_last too)
-    base = [b["input_ids"] for b in ShardLoader(ds, 8, **{**kw, "drop_last": True})]
-    again = [b["input_ids"] for b in ShardLoader(ds, 8, start_sample=24,
+    base = [b["input_ids"]
+            for b in ShardLoader(ds, 8, collate=PADDED, **{**kw, "drop_last": True})]
+    again = [b["input_ids"] for b in ShardLoader(ds, 8, collate=PADDED, start_sample=24,
                                                  **{**kw, "drop_last": True})]
     assert all(np.array_equal(x, y) for x, y in zip(base[3:], again, strict=True))
 
@@ -226,29 +233,29 @@ def test_resume_at_any_sample(shards, prefetch):
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_state_dict_round_trip(shards, prefetch):
     ds = ShardDataset(shards)
-    full = stream(ShardLoader(ds, 6, seed=8, prefetch=prefetch))
-    loader = ShardLoader(ds, 6, seed=8, prefetch=prefetch)
+    full = stream(ShardLoader(ds, 6, collate=PADDED, seed=8, prefetch=prefetch))
+    loader = ShardLoader(ds, 6, collate=PADDED, seed=8, prefetch=prefetch)
     it = iter(loader)
     head = [k for _ in range(5) for k in sample_keys(next(it))]
     state = json.loads(json.dumps(loader.state_dict()))  # survives a JSON checkpoint
     assert state["position"] == 30 and state["epoch"] == 0
     it.close()  # the prefetch thread stops
-    fresh = ShardLoader(ShardDataset(shards), 6, seed=8, prefetch=prefetch)
+    fresh = ShardLoader(ShardDataset(shards), 6, collate=PADDED, seed=8, prefetch=prefetch)
     fresh.load_state_dict(state)
     assert head + stream(fresh) == full
     assert fresh.state_dict()["epoch"] == 1 and fresh.state_dict()["position"] == 0
     with pytest.raises(UserError, match="world_size"):
-        ShardLoader(ds, 6, seed=8, world_size=2).load_state_dict(state)
+        ShardLoader(ds, 6, collate=PADDED, seed=8, world_size=2).load_state_dict(state)
     with pytest.raises(UserError, match="seed"):
-        ShardLoader(ds, 6, seed=9).load_state_dict(state)
+        ShardLoader(ds, 6, collate=PADDED, seed=9).load_state_dict(state)
     with pytest.raises(UserError, match="fingerprint"):
         ShardLoader(ShardDataset(shards[:-1]), 6, seed=8).load_state_dict(state)
 
 
-@pytest.mark.parametrize("layout", ["padded", "varlen"])
-def test_prefetch_on_and_off_identical(shards, layout):
+@pytest.mark.parametrize("collate", [PADDED, collate_varlen])
+def test_prefetch_on_and_off_identical(shards, collate):
     def batches(prefetch):
-        return list(ShardLoader(ShardDataset(shards), 7, seed=3, layout=layout,
+        return list(ShardLoader(ShardDataset(shards), 7, collate=collate, seed=3,
                                 prefetch=prefetch, drop_last=False))
     a, b = batches(0), batches(4)
     assert len(a) == len(b)
@@ -258,8 +265,8 @@ def test_prefetch_on_and_off_identical(shards, layout):
 
 def test_varlen_matches_padded(shards):
     ds = ShardDataset(shards)
-    padded = list(ShardLoader(ds, 9, seed=2, prefetch=0))
-    varlen = list(ShardLoader(ds, 9, seed=2, layout="varlen", prefetch=0))
+    padded = list(ShardLoader(ds, 9, collate=PADDED, seed=2, prefetch=0))
+    varlen = list(ShardLoader(ds, 9, seed=2, prefetch=0))  # collate_varlen: the default
     for p, v in zip(padded, varlen, strict=True):
         lengths = p["input_mask"].sum(axis=1)
         assert np.array_equal(np.diff(v["cu_seqlens"]), lengths)
@@ -284,7 +291,7 @@ def test_lazy_open_and_bounded_cache(tmp_path):
     paths = make_shards(tmp_path / "many", [3] * 60, seed=1)
     ds = ShardDataset(paths, cache_size=3)
     assert not ds._readers  # constructing opens nothing
-    loader = ShardLoader(ds, 4, prefetch=2, world_size=3, rank=1)
+    loader = ShardLoader(ds, 4, collate=PADDED, prefetch=2, world_size=3, rank=1)
     plan = loader.plan()
     touched = plan.shards()
     assert len(touched) == 20  # its own third of the shards
@@ -302,7 +309,7 @@ def test_manifest_counts_used_and_checked(tmp_path):
     ds = ShardDataset.from_folder(tmp_path / "m")
     assert ds.counts.tolist() == [4, 7] and ds.max_seq_length == L and ds.max_pred == P
     with pytest.raises(UserError, match="part_00001.h5: holds 6 samples, but 7"):
-        list(ShardLoader(ds, 2, prefetch=2))
+        list(ShardLoader(ds, 2, collate=PADDED, prefetch=2))
     with pytest.raises(UserError, match="no sample files"):
         ShardDataset.from_folder(tmp_path)
     (tmp_path / "m" / "MANIFEST.json").unlink()  # without a manifest: counts from the headers
@@ -315,20 +322,21 @@ def test_producer_error_reaches_the_consumer(tmp_path):
     paths[1].write_bytes(b"not hdf5 at all")
     for prefetch in (0, 2):
         with pytest.raises(UserError, match="part_00001.h5"):
-            list(ShardLoader(ShardDataset(paths, counts=ds.counts), 3, prefetch=prefetch))
+            list(ShardLoader(ShardDataset(paths, counts=ds.counts), 3, collate=PADDED,
+                             prefetch=prefetch))
 
 
 def test_arguments_checked(shards):
     ds = ShardDataset(shards)
-    for kw in ({"batch_size": 0}, {"rank": 2, "world_size": 2}, {"layout": "x"}, {"seed": -1}):
+    for kw in ({"batch_size": 0}, {"rank": 2, "world_size": 2}, {"split": "x"}, {"seed": -1}):
         args = {"batch_size": 4, **kw}
         with pytest.raises(ValueError):
-            ShardLoader(ds, args.pop("batch_size"), **args)
+            ShardLoader(ds, args.pop("batch_size"), collate=PADDED, **args)
 
 
 def test_to_torch_is_optional(shards):
     from bertperf.data.collate import to_torch
-    batch = next(iter(ShardLoader(ShardDataset(shards), 4, prefetch=0)))
+    batch = next(iter(ShardLoader(ShardDataset(shards), 4, collate=PADDED, prefetch=0)))
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -393,8 +401,8 @@ def test_packed_reader_matches_packed_batch(packed_shards):
 def test_packed_loader(packed_shards):
     ds = ShardDataset(packed_shards)
     assert ds.packed and ds.max_seqs_per_row == 3
-    with pytest.raises(ValueError, match="does not fit"):
-        ShardLoader(ds, 4, layout="padded")
+    with pytest.raises(ValueError, match="collated by collate_packed"):
+        ShardLoader(ds, 4, collate=PADDED)
     kw = dict(seed=2, drop_last=False)
     full = [k for b in ShardLoader(ds, 5, prefetch=0, **kw) for k in row_keys(b)]
     assert len(full) == ds.num_samples == len(set(full))  # every row once
@@ -430,8 +438,9 @@ def test_global_batch_split_unions_to_the_one_rank_batch(shards, world, b, drop_
     loader with batch_size W*b, in order, over two epochs."""
     ds = ShardDataset(shards)
     kw = dict(seed=3, prefetch=0, drop_last=drop_last, split="global_batch")
-    one = ShardLoader(ds, world * b, **kw)
-    ranks = [ShardLoader(ds, b, rank=r, world_size=world, **kw) for r in range(world)]
+    one = ShardLoader(ds, world * b, collate=PADDED, **kw)
+    ranks = [ShardLoader(ds, b, collate=PADDED, rank=r, world_size=world, **kw)
+             for r in range(world)]
     for _ in range(2):
         want = [_ids(x) for x in one]
         got = [[_ids(x) for x in loader] for loader in ranks]
@@ -450,8 +459,8 @@ def test_global_batch_split_covers_the_epoch_once(shards):
     ds = ShardDataset(shards)
     world, b = 3, 4
     seen = [x for r in range(world)
-            for batch in ShardLoader(ds, b, rank=r, world_size=world, seed=1, prefetch=0,
-                                     drop_last=False, split="global_batch")
+            for batch in ShardLoader(ds, b, collate=PADDED, rank=r, world_size=world, seed=1,
+                                     prefetch=0, drop_last=False, split="global_batch")
             for x in _ids(batch)]
     assert len(seen) == len(set(seen)) == ds.num_samples // world * world
 
@@ -461,22 +470,22 @@ def test_global_batch_resume_is_exact(shards, prefetch):
     import json
     ds = ShardDataset(shards)
     kw = dict(rank=1, world_size=2, seed=4, prefetch=prefetch, split="global_batch")
-    full = ShardLoader(ds, 3, **kw)
+    full = ShardLoader(ds, 3, collate=PADDED, **kw)
     want = [_ids(x) for x in full] + [_ids(x) for x in full]
-    part = ShardLoader(ds, 3, **kw)
+    part = ShardLoader(ds, 3, collate=PADDED, **kw)
     it = iter(part)
     head = [_ids(next(it)) for _ in range(5)]
     it.close()
     state = json.loads(json.dumps(part.state_dict()))
     assert state["split"] == "global_batch"
-    fresh = ShardLoader(ds, 3, **kw)
+    fresh = ShardLoader(ds, 3, collate=PADDED, **kw)
     fresh.load_state_dict(state)
     tail = [_ids(x) for x in fresh] + [_ids(x) for x in fresh]
     assert head + tail[:len(want) - 5] == want
     with pytest.raises(UserError, match="split"):
-        ShardLoader(ds, 3, rank=1, world_size=2, seed=4).load_state_dict(state)
+        ShardLoader(ds, 3, collate=PADDED, rank=1, world_size=2, seed=4).load_state_dict(state)
     with pytest.raises(UserError, match="batch_size"):
-        ShardLoader(ds, 4, **kw).load_state_dict(state)
+        ShardLoader(ds, 4, collate=PADDED, **kw).load_state_dict(state)
 
 
 # ---- packed batches for a fixed-shape trainer ----------------------------------------------------

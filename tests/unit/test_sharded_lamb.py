@@ -239,17 +239,19 @@ def test_the_switch_comes_from_the_environment(tmp_path, monkeypatch):
     """SHARDED_LAMB: off by default, 1 picks ShardedLamb and leaves the model without DDP; a bad
     value, or FLAT_LAMB=0 with it, is one line."""
     from bertperf import config
-    from tests.unit.test_train import env_for
+    from tests.support.copy_task import env_for
     env = env_for(tmp_path)
     assert config.load(env).optim.sharded_lamb is False
     assert config.load({**env, "SHARDED_LAMB": "1"}).optim.sharded_lamb is True
     with pytest.raises(UserError, match=r"^SHARDED_LAMB='maybe' is not a valid yes/no value"):
         config.load({**env, "SHARDED_LAMB": "maybe"})
+    from bertperf.train.checks import prepare
     with pytest.raises(UserError, match="SHARDED_LAMB=1 .* FLAT_LAMB=0"):
-        config.load({**env, "SHARDED_LAMB": "1", "FLAT_LAMB": "0"})
+        prepare(config.load({**env, "SHARDED_LAMB": "1", "FLAT_LAMB": "0"}))
 
     from bertperf.mlperf.log import MLPerfLogger
     from bertperf.train import loop
-    cfg = config.load({**env, "SHARDED_LAMB": "1", "DEVICE": "cpu"})
+    cfg = prepare(config.load({**env, "SHARDED_LAMB": "1", "DEVICE": "cpu"}))
     trainer = loop.setup(cfg, MLPerfLogger(tmp_path / "log.txt", rank=0, echo=False))
-    assert isinstance(trainer.optimizer, ShardedLamb) and trainer.model is trainer.core
+    plan = trainer.plan
+    assert isinstance(plan.optimizer, ShardedLamb) and plan.model is plan.core

@@ -1,13 +1,12 @@
-"""The packed training step audited on the CPU for what a GPU needs: no host synchronisation and
-no data-dependent shape inside the real loop's steps, bf16 activations under bf16 autocast except
-where fp32 is meant, and one compiled graph for the whole run (no graph break, no recompile).
-The data are real packed shards (bertperf-packed/1 files, written by bench.loader's helpers)."""
+"""The packed training step audited on the CPU for what a GPU needs: no host synchronisation and no
+data-dependent shape inside the real loop's steps, bf16 activations under bf16 autocast except where
+fp32 is meant, and one compiled graph for the whole run (no graph break, no recompile). The data are
+real packed shards (bertperf-packed/1 files, written by bench.loader's helpers:
+tests/support/packed.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,48 +14,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bertperf.bench.loader import synthetic_packed, synthetic_samples
-from bertperf.formats.packed import write_packed
-from bertperf.formats.padded import write_samples
+from tests.support.packed import packed_env, tiny_config, trainer_for  # noqa: F401
 
-L, MAX_PRED, VOCAB = 64, 10, 1100  # synthetic ids lie in 999..VOCAB-1
 SYNCS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
-
-
-def tiny_config(path: Path, dropout: float) -> Path:
-    path.write_text(json.dumps({"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
-                                "num_attention_heads": 2, "intermediate_size": 64,
-                                "max_position_embeddings": L, "hidden_dropout_prob": dropout,
-                                "attention_probs_dropout_prob": dropout}))
-    return path
-
-
-@pytest.fixture(scope="module")
-def packed_env(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("packed")
-    (root / "train").mkdir()
-    for i in range(3):
-        s = synthetic_samples(200, 40 + i, L, MAX_PRED, VOCAB)
-        write_packed(root / "train" / f"part_{i:05d}.h5", synthetic_packed(s, L), L, MAX_PRED, 3)
-    write_samples(root / "eval.hdf5", synthetic_samples(32, 9, L, MAX_PRED, VOCAB),
-                  np.arange(32), L, MAX_PRED, VOCAB)
-    return {"DATADIR_PHASE2": str(root / "train"), "EVAL_FILE": str(root / "eval.hdf5"),
-            "BERT_CONFIG": str(tiny_config(root / "bert_config.json", 0.1)),
-            "BATCHSIZE": "4", "GRADIENT_STEPS": "2", "LR": "0.002", "MAX_STEPS": "1000",
-            "EVAL_ITER_START_SAMPLES": "100000", "SUBMISSION_DIVISION": "open",
-            "TARGET_MLM_ACCURACY": "0.9", "DATA_VERIFY": "none", "PREFETCH": "2",
-            "LOGDIR": str(root / "out")}
-
-
-def trainer_for(env: dict, tmp_path: Path, **extra: str):
-    from bertperf.config import load
-    from bertperf.mlperf.log import MLPerfLogger
-    from bertperf.train.loop import setup
-    cfg = load({**env, **extra, "MLLOG_FILE": str(tmp_path / "log.txt")})
-    assert cfg.data.layout is None  # the folder says packed
-    trainer = setup(cfg, MLPerfLogger(cfg.log_path, echo=False))
-    assert trainer.cfg.data.layout == "packed"
-    return trainer
 
 
 # ---- (a) no host sync, no data-dependent shape ---------------------------------------------------
@@ -87,7 +47,7 @@ def test_no_host_sync_inside_training_steps(packed_env, tmp_path, monkeypatch, f
     from bertperf.train import loop
     trainer = trainer_for(packed_env, tmp_path, LOG_FREQ="4", MAX_STEPS="12",
                           FLAT_LAMB=flat_lamb)
-    assert isinstance(trainer.optimizer, FlatLamb) == (flat_lamb == "1")
+    assert isinstance(trainer.plan.optimizer, FlatLamb) == (flat_lamb == "1")
     reporting, reports, syncs, ops = [False], [], [], []
     real_read = loop.Interval.read
 
@@ -120,7 +80,7 @@ def test_no_host_sync_inside_training_steps(packed_env, tmp_path, monkeypatch, f
             return func(*args, **kwargs)
 
     with Ops():
-        stop = loop.run_loop(trainer, progress=lambda line: None)
+        stop = loop.run_loop(trainer, report=lambda line: None)
     assert (stop.status, len(reports)) == ("aborted", 3)  # MAX_STEPS; reports at 4, 8, 12
     assert all(np.isfinite(loss) for loss, _, _ in reports)
     assert syncs == [] and ops == []
@@ -165,11 +125,8 @@ def test_bf16_autocast_keeps_activations_bf16(packed_env, tmp_path):
     from bertperf.model import bert
     from bertperf.optim import clipped_step
     trainer = trainer_for(packed_env, tmp_path, PRECISION="bf16", PREFETCH="0")
-    model = trainer.core
-    trainer.batches = None
-    from bertperf.model import PackedBatch
-    from bertperf.train.loop import DeviceBatches
-    micro = next(DeviceBatches(trainer.loader, trainer.device, PackedBatch))
+    model = trainer.plan.core
+    micro = next(trainer.batches)
     loss_code = bert.pretraining_output.__code__
     tainted: dict[int, torch.Tensor] = {}  # id -> activation (kept alive: ids stay unique)
     fp32, grads, in_loss_dtypes = [], [], set()
@@ -232,9 +189,9 @@ def test_bf16_autocast_keeps_activations_bf16(packed_env, tmp_path):
     assert grads and {d for n, d in grads if n not in MEANT_FP32} == {torch.bfloat16}
     assert set(Statistics.layer_norms) == {(torch.bfloat16, torch.float32, torch.float32)}
     assert len(Statistics.layer_norms) == 2 * 2 + 2  # 2 per layer, embeddings, MLM head
-    clipped_step(trainer.optimizer, 1.0)
+    clipped_step(trainer.plan.optimizer, 1.0)
     for p in model.parameters():
-        state = trainer.optimizer.state[p]
+        state = trainer.plan.optimizer.state[p]
         assert p.dtype == p.grad.dtype == state["exp_avg"].dtype == state["exp_avg_sq"].dtype \
             == torch.float32
 
@@ -260,7 +217,7 @@ def test_compiled_packed_step_has_one_graph_for_the_run(packed_env, tmp_path, ba
         trainer = trainer_for(env, tmp_path, COMPILE=compile_with)
         lines = []
         with torch._dynamo.config.patch(error_on_recompile=True):
-            loop.run_loop(trainer, progress=lines.append)
+            loop.run_loop(trainer, report=lines.append)
         losses[compile_with] = [float(line.split(" loss ")[1].split()[0]) for line in lines]
         if compile_with != "none":
             assert dict(counters["graph_break"]) == {}

@@ -9,90 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertperf.formats.padded import write_samples
-from bertperf.formats.samples import Samples, offsets_from_lengths
-from bertperf.formats.unpadded import write_shard
-
-VOCAB, MSL, MAX_PRED = 32, 16, 4
-CLS, SEP, MASK = 1, 2, 3
-
-
-def copy_task(n: int, seed: int) -> Samples:
-    """n learnable samples: every token of a sequence is one word t in 4..31, MAX_PRED of them
-    masked ([MASK] input, label t), so the model can read the answer off the other tokens."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(10, MSL + 1, n)
-    offsets = offsets_from_lengths(lengths)
-    words = rng.integers(4, VOCAB, n)
-    ids = np.repeat(words, lengths)
-    ids[offsets[:-1]] = CLS
-    ids[offsets[1:] - 1] = SEP
-    b_starts = lengths // 2
-    ids[offsets[:-1] + b_starts - 1] = SEP
-    # two masks in segment A (positions 1..3), two in B (from b_start on): never a [SEP]
-    positions = np.concatenate([np.stack([np.sort(rng.choice(np.arange(1, 4), 2, replace=False)),
-                                          b + np.sort(rng.choice(3, 2, replace=False))])
-                                for b in b_starts]).reshape(-1)
-    mlm_ids = np.repeat(words, MAX_PRED)
-    ids[np.repeat(offsets[:-1], MAX_PRED) + positions] = MASK
-    return Samples(ids, offsets, b_starts, positions, mlm_ids,
-                   offsets_from_lengths(np.full(n, MAX_PRED)), rng.integers(0, 2, n))
-
-
-def tiny_bert_config(path: Path, dropout: float = 0.0) -> Path:
-    path.write_text(json.dumps({"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
-                                "num_attention_heads": 2, "intermediate_size": 64,
-                                "max_position_embeddings": MSL, "hidden_dropout_prob": dropout,
-                                "attention_probs_dropout_prob": dropout}))
-    return path
-
-
-def make_dataset(root: Path, n_train: int = 512, n_eval: int = 64, shards: int = 2) -> dict:
-    """Unpadded training shards, a padded eval file and a bert_config.json under root."""
-    train = root / "train"
-    train.mkdir(parents=True)
-    s = copy_task(n_train, seed=1)
-    per = n_train // shards
-    for i in range(shards):
-        write_shard(train / f"part_{i}.h5", s.take(np.arange(i * per, (i + 1) * per)), MSL, MAX_PRED)
-    ev = copy_task(n_eval, seed=2)
-    write_samples(root / "eval.hdf5", ev, np.arange(n_eval), MSL, MAX_PRED, VOCAB)
-    return {"DATADIR_PHASE2": str(train), "EVAL_FILE": str(root / "eval.hdf5"),
-            "BERT_CONFIG": str(tiny_bert_config(root / "bert_config.json"))}
-
-
-def add_manifests(env: dict) -> dict:
-    """Record the training shards and the eval file of `make_dataset` in MANIFEST.json files,
-    as the prep stages do (the trainer verifies data against them)."""
-    import h5py
-
-    from bertperf.formats import manifest
-    train, eval_file = Path(env["DATADIR_PHASE2"]), Path(env["EVAL_FILE"])
-    for path in [*sorted(train.glob("*.h5")), eval_file]:
-        with h5py.File(path, "r") as f:
-            count = len(f["nsp"] if "nsp" in f else f["next_sentence_labels"])
-        manifest.record(path.parent, path.name, manifest.entry_for(path, "test", "-", count))
-    manifest.finalize(train)
-    manifest.finalize(eval_file.parent)
-    return env
-
-
-def packed_copy(env: dict, folder: Path) -> dict:
-    """env with DATADIR_PHASE2 = its training shards packed into `folder` (bench.loader's greedy
-    packing: up to 3 sequences per MSL-token row, in order)."""
-    from bertperf.bench.loader import synthetic_packed
-    from bertperf.formats.packed import write_packed
-    from bertperf.formats.unpadded import read_shard
-    folder.mkdir(parents=True)
-    for shard in sorted(Path(env["DATADIR_PHASE2"]).glob("*.h5")):
-        write_packed(folder / shard.name, synthetic_packed(read_shard(shard)[0], MSL), MSL,
-                     MAX_PRED, 3)
-    return {**env, "DATADIR_PHASE2": str(folder)}
-
-
-def env_for(tmp_path: Path, **extra: str) -> dict:
-    return {**make_dataset(tmp_path / "data"), "BATCHSIZE": "4", "LR": "0.01", "MAX_STEPS": "50",
-            "LOGDIR": str(tmp_path / "out"), **extra}
+from bertperf.formats.samples import Samples
+from tests.support.copy_task import MSL, VOCAB, copy_task, env_for, make_dataset, packed_copy
 
 
 # ---- config ------------------------------------------------------------------------------------
@@ -105,8 +23,8 @@ def test_config_env_then_flags(tmp_path):
         (8, 2, 0.5, 0.6)
     assert cfg.optim.beta2 == 0.999 and cfg.optim.weight_decay == 0.01  # run_and_time defaults
     assert cfg.train.max_samples_termination == 14_000_000 and cfg.train.target_accuracy == 0.72
-    assert cfg.global_batch_size == 16
-    assert cfg.first_eval == cfg.eval_interval == 150_000
+    assert cfg.rows_per_step == 16
+    assert cfg.first_eval(16) == cfg.eval_interval(16) == 150_000
 
 
 def test_reference_eval_interval():
@@ -122,8 +40,6 @@ def test_reference_eval_interval():
     ({"GRADIENT_STEPS": "x"}, "GRADIENT_STEPS='x' is not a valid int"),
     ({"LAYOUT": "rows"}, "LAYOUT must be one of varlen, packed"),
     ({"COMPILE": "tvm"}, "COMPILE must be one of"),
-    ({"USE_CUDA_GRAPH": "1", "DEVICE": "cpu"}, "USE_CUDA_GRAPH=1 needs a CUDA device"),
-    ({"USE_CUDA_GRAPH": "1", "COMPILE": "eager"}, "cannot go with it"),
     ({"MASKED_LM_PROB": "0"}, "MASKED_LM_PROB must be in"),
     ({"FLAT_LAMB": "maybe"}, "FLAT_LAMB='maybe' is not a valid auto or yes/no value"),
     ({"LR": "-1"}, r"^LR must be > 0 \(0 would train nothing\), got -1.0$"),
@@ -153,34 +69,66 @@ def test_config_errors_are_one_line(tmp_path, change, message):
     assert "\n" not in str(err.value)
 
 
-def test_flat_lamb_setting(tmp_path, monkeypatch):
+def test_the_plan_takes_the_lamb_flat_lamb_says(tmp_path, monkeypatch):
     """FLAT_LAMB: auto (the default) takes FlatLamb where the kernels take their Triton path
-    (CUDA tensors, Triton installed: not these CPU ones); 1 and 0 decide."""
+    (CUDA tensors, Triton installed: not these CPU ones); 1 and 0 decide. SHARDED_LAMB takes
+    the sharded one, which reduces the gradients itself."""
     from bertperf.config import load
     from bertperf.kernels import backend
-    from bertperf.train.loop import flat_lamb
-    env, model = env_for(tmp_path), torch.nn.Linear(2, 2)
+    from bertperf.model import BertConfig, BertForPreTraining
+    from bertperf.optim import FlatLamb, Lamb, ShardedLamb
+    from bertperf.train.dist import Dist
+    from bertperf.train.parallel import parallelize
+    env = env_for(tmp_path)
     assert load(env).optim.flat_lamb is None
-    assert [flat_lamb(load({**env, "FLAT_LAMB": v}), model) for v in ("auto", "1", "0")] == \
-        [False, True, False]
+
+    def plan(**extra: str):
+        core = BertForPreTraining(BertConfig.named("tiny"))
+        return parallelize(core, load({**env, **extra}), Dist(0, 1), torch.device("cpu"), None)
+
+    kinds = [type(plan(FLAT_LAMB=v).optimizer) for v in ("auto", "1", "0")]
+    assert kinds == [Lamb, FlatLamb, Lamb]
+    sharded = plan(SHARDED_LAMB="1")
+    assert type(sharded.optimizer) is ShardedLamb and sharded.reduction.name == "reduce_scatter"
+    assert sharded.model is sharded.core and sharded.max_grad_norm == 1.0
     monkeypatch.setattr(backend, "use_triton", lambda x: True)
-    assert [flat_lamb(load({**env, "FLAT_LAMB": v}), model) for v in ("auto", "1", "0")] == \
-        [True, True, False]
+    assert [type(plan(FLAT_LAMB=v).optimizer) for v in ("auto", "1", "0")] == \
+        [FlatLamb, FlatLamb, Lamb]
 
 
 @pytest.mark.parametrize("change, message", [
     ({"LAYOUT": "packed"}, "LAYOUT=packed, but .* holds unpadded shards"),
     ({"COMPILE": "eager"}, "COMPILE and USE_CUDA_GRAPH need LAYOUT=packed"),
+    ({"USE_CUDA_GRAPH": "1", "DEVICE": "cpu"}, "COMPILE and USE_CUDA_GRAPH need LAYOUT=packed"),
+    ({"SHARDED_LAMB": "1", "FLAT_LAMB": "0"}, "SHARDED_LAMB=1 shards FlatLamb's flat buffer"),
+    ({"SHARDED_LAMB": "1", "CLIP_BEFORE_ALLREDUCE": "1"}, "SHARDED_LAMB=1 replaces"),
 ])
-def test_layout_errors_are_one_line(tmp_path, change, message):
+def test_refused_combinations_are_one_line(tmp_path, change, message):
+    """What the layout and the parallelism plan refuse, said by train.checks.prepare (which
+    `train` and `train --check` run before anything is written)."""
     from bertperf.config import load
     from bertperf.errors import UserError
-    from bertperf.train.checks import resolve_layout
-    cfg = load(env_for(tmp_path, **change))
+    from bertperf.train.checks import prepare
     with pytest.raises(UserError, match=message) as err:
-        resolve_layout(cfg)
+        prepare(load(env_for(tmp_path, **change)))
     assert "\n" not in str(err.value)
-    assert resolve_layout(load(env_for(tmp_path / "again"))).data.layout == "varlen"
+    assert prepare(load(env_for(tmp_path / "again"))).data.layout == "varlen"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"USE_CUDA_GRAPH": "1", "DEVICE": "cpu"}, "^USE_CUDA_GRAPH=1 needs a CUDA device, not "
+                                               "DEVICE=cpu$"),
+    ({"USE_CUDA_GRAPH": "1", "COMPILE": "eager"}, "^USE_CUDA_GRAPH=1 replays inductor's code: "
+                                                  r"COMPILE=eager cannot go with it \(use none"),
+])
+def test_cuda_graphs_refused_on_packed_rows_too(tmp_path, change, message):
+    """With the fixed shapes CUDA graphs need, what they still cannot go with."""
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    from bertperf.train.checks import prepare
+    env = packed_copy(env_for(tmp_path), tmp_path / "packed")
+    with pytest.raises(UserError, match=message):
+        prepare(load({**env, **change}))
 
 
 def test_nvidia_packed_files_are_named_for_conversion(tmp_path):
@@ -189,7 +137,7 @@ def test_nvidia_packed_files_are_named_for_conversion(tmp_path):
     from bertperf.errors import UserError
     from bertperf.formats import nvidia
     from bertperf.formats.unpadded import read_shard
-    from bertperf.train.checks import resolve_layout
+    from bertperf.train.layout import resolve
     env = env_for(tmp_path)
     train = Path(env["DATADIR_PHASE2"])
     for shard in sorted(train.glob("*.h5")):
@@ -198,18 +146,19 @@ def test_nvidia_packed_files_are_named_for_conversion(tmp_path):
         shard.unlink()
     with pytest.raises(UserError, match="a nvidia-packed file; training reads unpadded shards "
                                         r"\(prep unpad\) or packed ones \(prep pack\)"):
-        resolve_layout(load(env))
+        resolve(load(env))
 
 
 def test_packed_layout_needs_the_global_batch_split(tmp_path):
     from bertperf.config import load
     from bertperf.errors import UserError
-    from bertperf.train.checks import resolve_layout
+    from bertperf.train.layout import layout_of, resolve
     env = packed_copy(env_for(tmp_path), tmp_path / "packed")
-    cfg = resolve_layout(load(env))
-    assert cfg.data.layout == "packed" and cfg.global_batch_size == 2 * cfg.rows_per_step
+    cfg = resolve(load(env))
+    assert cfg.data.layout == "packed"
+    assert layout_of(cfg).global_batch_size(cfg) == 2 * cfg.rows_per_step
     with pytest.raises(UserError, match="needs LOADER_SPLIT=global_batch"):
-        resolve_layout(load({**env, "LOADER_SPLIT": "shards"}))
+        resolve(load({**env, "LOADER_SPLIT": "shards"}))
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -226,31 +175,35 @@ def test_dist_config_from_launchers(env, expected):
     assert (d.rank, d.world_size, d.local_rank, d.master_port) == (*expected, 1234)
 
 
-def test_train_help_describes_every_setting():
-    """`train --help`: each flag with its field's docstring from config.py, variable and default."""
+def test_train_help_lists_every_setting_with_its_variable_and_default():
+    """`train --help` as a user reads it: every setting under its flag with a sentence about
+    it, its variable and its default where it has one; and each flag the help shows sets that
+    setting (the parser's destination is the field load() reads)."""
+    import argparse
     import re
     import subprocess
     import sys
 
-    from bertperf.config import RunConfig, tunables
-    from bertperf.train.cli import default_text, field_docs
+    from bertperf.config import doc, tunables
+    from bertperf.train.cli import add_arguments, default_text
     out = subprocess.run([sys.executable, "-m", "bertperf", "train", "--help"],
                          capture_output=True, text=True, check=True).stdout
     helps = {}  # flag -> its help, whitespace removed (argparse wraps lines)
     for chunk in re.split(r"\n  (?=--)", out):
         flag, *rest = chunk.split(None, 1)
         helps[flag] = "".join("".join(rest).split())
-    classes = {section: type(getattr(RunConfig(), section)).__name__ for section, _ in tunables()}
-    docs = field_docs()
-    for section, f in tunables():
-        doc = docs[classes[section], f.name]
-        default = default_text(f.default)
-        env = f.metadata["env"]
-        expected = f"{doc} (env {env}" + (f"; default {default})" if default else ")")
-        assert "".join(expected.split()) in helps["--" + f.name.replace("_", "-")], f.name
-    assert "".join("Micro-batches accumulated into one optimizer step. (env GRADIENT_STEPS; "
-                   "default 1)".split()) in helps["--gradient-steps"]
-    assert "(envPLOT;default0)" in helps["--plot"] and helps["--lr"].endswith("(envLR)")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    listed = list(tunables())
+    assert len(listed) > 50
+    for section, f in listed:
+        flag, env, default = "--" + f.name.replace("_", "-"), f.metadata["env"], \
+            default_text(f.default)
+        assert len(doc(f).split()) >= 3, f.name
+        assert "".join(doc(f).split()) in helps[flag], f.name
+        assert f"(env{env}" + (f";default{default})" if default else ")") in helps[flag], flag
+        assert {k: v for k, v in vars(parser.parse_args([flag, "7"])).items() if k != "check"} \
+            == {f"{section}.{f.name}": "7"}, flag
 
 
 def test_dist_settings_have_flags_and_units_in_the_help():
@@ -344,14 +297,15 @@ def test_settings_that_crashed_every_rank_stop_before_any_log(tmp_path, monkeypa
 # ---- the step ----------------------------------------------------------------------------------
 
 def trainer_for_step(ga: int, seed: int = 0):
-    """A Trainer with only what train_step uses: float64 tiny model, LAMB, schedule."""
+    """The Step train_step uses, by hand: float64 tiny model, LAMB, schedule."""
     from dataclasses import replace
 
     from bertperf.config import RunConfig, TrainConfig
     from bertperf.model import BertConfig, BertForPreTraining
     from bertperf.optim import LinearWarmupPolyDecay, make_optimizer, param_groups
     from bertperf.train.dist import Dist
-    from bertperf.train.loop import Trainer
+    from bertperf.train.loop import Step
+    from bertperf.train.parallel import REDUCTIONS, Plan
     torch.manual_seed(seed)
     model = BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                           num_attention_heads=2, intermediate_size=64,
@@ -360,8 +314,9 @@ def trainer_for_step(ga: int, seed: int = 0):
     from bertperf.model import forward_loss
     opt = make_optimizer("lamb", param_groups(model, 0.01), lr=0.01)
     cfg = replace(RunConfig(), train=TrainConfig(batch_size=16 // ga, gradient_steps=ga))
-    return Trainer(cfg, Dist(0, 1), torch.device("cpu"), model, model, opt,
-                   LinearWarmupPolyDecay(opt, 0, 10), None, None, None, None, forward_loss)
+    plan = Plan(REDUCTIONS["none"], model, model, opt, forward_loss, None)
+    return Step(cfg, Dist(0, 1), torch.device("cpu"), plan, LinearWarmupPolyDecay(opt, 0, 10),
+                None)
 
 
 def batches_of(samples: Samples, size: int):
@@ -389,7 +344,7 @@ def test_accumulation_equals_one_big_batch():
         losses[size] = [float(train_step(trainer, [next(batches) for _ in range(16 // size)]))
                         for _ in range(2)]
     assert np.allclose(losses[16], losses[4], rtol=1e-12)
-    for (name, p), q in zip(big.core.named_parameters(), acc.core.parameters()):
+    for (name, p), q in zip(big.plan.core.named_parameters(), acc.plan.core.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=name)
     assert big.scheduler.last_epoch == 2
 
@@ -439,8 +394,10 @@ def test_setup_logs_hyperparameters_and_schedule(tmp_path):
     from bertperf.config import load
     from bertperf.mlperf.log import MLPerfLogger
     from bertperf.optim import lr_at
-    from bertperf.train.loop import DeviceBatches, setup, train_step
-    cfg = load(env_for(tmp_path, GRADIENT_STEPS="2", WARMUP_PROPORTION="0.1", PREFETCH="0"))
+    from bertperf.train.checks import prepare
+    from bertperf.train.loop import setup, train_step
+    cfg = prepare(load(env_for(tmp_path, GRADIENT_STEPS="2", WARMUP_PROPORTION="0.1",
+                               PREFETCH="0")))
     log_path = tmp_path / "log.txt"
     trainer = setup(cfg, MLPerfLogger(log_path, echo=False))
     lines = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in log_path.read_text().splitlines()]
@@ -448,10 +405,9 @@ def test_setup_logs_hyperparameters_and_schedule(tmp_path):
     assert values["global_batch_size"] == 8 and values["gradient_accumulation_steps"] == 2
     assert values["opt_learning_rate_warmup_steps"] == 5 and values["eval_samples"] == 64
     assert values["opt_base_learning_rate"] == 0.01 and values["max_sequence_length"] == MSL
-    from bertperf.model import UnpaddedBatch
-    batches = DeviceBatches(trainer.loader, trainer.device, UnpaddedBatch)
+    batches = trainer.batches
     for k in range(3):
-        assert float(trainer.optimizer.param_groups[0]["lr"]) == \
+        assert float(trainer.plan.optimizer.param_groups[0]["lr"]) == \
             pytest.approx(lr_at(k + 1, 0.01, 5, 50))
         train_step(trainer, [next(batches) for _ in range(2)])
     assert batches.state_dict()["position"] == 3 * 2 * 4  # GA micro-batches of BATCHSIZE a step

@@ -1,10 +1,10 @@
 """The trainer's configuration: typed dataclasses, filled from environment variables (the names of
 NVIDIA's `run_and_time.sh` where it has one) and then from command-line flags.
 
-This is the only module of bertperf that reads environment variables. Every tunable field carries
-its variable's name in `metadata["env"]`; its flag is the field name with dashes
-(`batch_size` -> `--batch-size`). Defaults are run_and_time.sh's; BATCHSIZE, LR and MAX_STEPS have
-none there and are required here too.
+This is the only module of bertperf that reads environment variables. Every tunable field is a
+`setting`: its variable's name, parser, help text and whether it shapes the loss curve live in
+its metadata; its flag is the field name with dashes (`batch_size` -> `--batch-size`). Defaults
+are run_and_time.sh's; BATCHSIZE, LR and MAX_STEPS have none there and are required here too.
 """
 
 from __future__ import annotations
@@ -69,8 +69,18 @@ def auto_yes_no(text: str) -> bool | None:
 auto_yes_no.what = "auto or yes/no value (1/0, true/false, yes/no, on/off)"
 
 
-def _var(env: str, conv: Callable[[str], Any], default: Any = None) -> Any:
-    return field(default=default, metadata={"env": env, "conv": conv})
+def setting(env: str, conv: Callable[[str], Any], default: Any = None, *, doc: str,
+            curve: bool = False) -> Any:
+    """A field set by the variable `env` (and its flag), parsed by `conv`. `doc` is its help
+    text (`train --help`); `curve`: the value shapes the loss curve, so a run resuming a
+    checkpoint must have the checkpoint's value (`fingerprint`)."""
+    return field(default=default, metadata={"env": env, "conv": conv, "doc": doc,
+                                            "curve": curve})
+
+
+def doc(f: Any) -> str:
+    """A field's help text, whitespace folded."""
+    return " ".join(f.metadata.get("doc", "").split())
 
 
 def reference_eval_interval(global_batch_size: int) -> int:
@@ -80,161 +90,170 @@ def reference_eval_interval(global_batch_size: int) -> int:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    bert_config: str = _var("BERT_CONFIG", str, "large")
-    """A named model shape ("large": the MLPerf checkpoint's sizes; "base"; "tiny": 2 layers of
-    128, for tests and the demo; bertperf.model.bert_config.NAMED) or the path of a
-    bert_config.json."""
-    init_checkpoint: Path | None = _var("INIT_CHECKPOINT", Path)
-    """Weights to start from: MLPerf's TF1 checkpoint model.ckpt-28252 (its prefix or any of its
-    files; read without TensorFlow), a `convert-ckpt` output (.pt) or NVIDIA's converted
-    model.ckpt-28252.pt; unset = random init (seeded by SEED)."""
-    init_eval: bool = _var("INIT_EVAL", yes_no, True)
-    """With INIT_CHECKPOINT: evaluate right after loading it (during init, not logged as an MLPerf
-    eval) and warn when a BERT-large checkpoint is far from the reference's 0.34085."""
+    bert_config: str = setting("BERT_CONFIG", str, "large", doc="""
+        A named model shape ("large": the MLPerf checkpoint's sizes; "base"; "tiny": 2 layers of
+        128, for tests and the demo; bertperf.model.bert_config.NAMED) or the path of a
+        bert_config.json.""")
+    init_checkpoint: Path | None = setting("INIT_CHECKPOINT", Path, doc="""
+        Weights to start from: MLPerf's TF1 checkpoint model.ckpt-28252 (its prefix or any of
+        its files; read without TensorFlow), a `convert-ckpt` output (.pt) or NVIDIA's converted
+        model.ckpt-28252.pt; unset = random init (seeded by SEED).""")
+    init_eval: bool = setting("INIT_EVAL", yes_no, True, doc="""
+        With INIT_CHECKPOINT: evaluate right after loading it (during init, not logged as an
+        MLPerf eval) and warn when a BERT-large checkpoint is far from the reference's 0.34085.""")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    train_dir: Path | None = _var("DATADIR_PHASE2", Path)
-    """Folder of training shards: unpadded (`prep unpad`, `prep chop`), packed (`prep pack`) or
-    length-stratified (a `prep stratify` output: its bin folders and stratify.json)."""
-    layout: str | None = _var("LAYOUT", str)
-    """How the trainer batches them: "varlen" (unpadded shards: BATCHSIZE sequences of their own
-    lengths per micro-batch) or "packed" (packed shards: BATCHSIZE rows of max_seq_length tokens
-    holding up to 3 sequences each; every tensor of the step keeps one shape for the whole run)
-    or "stratified" (a `prep stratify` output, batched as varlen: every rank's micro-batch draws
-    the same number of samples from each length bin, in proportion to the bins' sizes;
-    bertperf.data.order.StratifiedPlan); default: what DATADIR_PHASE2 holds."""
-    masked_lm_prob: float = _var("MASKED_LM_PROB", float, 0.15)
-    """LAYOUT=packed: the masking rate the data was made with (`prep create --masked_lm_prob`);
-    it bounds the masked tokens a row can hold (78 for MLPerf's 512-token rows), the fixed number
-    of masked-token slots per row. A row with more stops the run with an error naming it."""
-    packing_factor: float = _var("PACKING_FACTOR", float, 2.0)
-    """LAYOUT=packed: sequences per row as the logged global_batch_size counts them (rows per
-    step x this; MLPerf's eval cadence and RCP row follow it), NVIDIA's average packing rate
-    (MLPerf's packed data holds 1.999 per row). Samples (samples_count, train_samples) are the
-    sequences actually trained."""
-    eval_file: Path | None = _var("EVAL_FILE", Path)
-    """The eval HDF5 file: padded (`prep eval`'s `eval_10k.hdf5`) or NVIDIA's variable-length
-    one (`eval_varlength/part_eval_10k.hdf5`); every sample of it is evaluated."""
-    prefetch: int = _var("PREFETCH", int, 2)
-    """Training micro-batches built ahead on the loader's thread (0 = none)."""
-    verify: str = _var("DATA_VERIFY", str, "md5")
-    """Check the shards and the eval file against their folders' MANIFEST.json before training
-    (bertperf.train.preflight): "md5" (sizes, and md5s spread over the ranks), "size" or "none"."""
-    loader_split: str = _var("LOADER_SPLIT", str, "global_batch")
-    """How ranks share the epoch (bertperf.data.order): "global_batch" (default): each global
-    batch of WORLD_SIZE*BATCHSIZE consecutive samples of the one epoch stream is cut into per-rank
-    parts, so the run's batches, and so its result, do not depend on the number of ranks;
-    "shards": each rank reads its own contiguous slice of the stream (fewer shards per rank)."""
-    balance: bool = _var("BALANCE", yes_no, False)
-    """Place each global batch's samples (rows, when packed) on the ranks so that every rank gets
-    nearly the same tokens and sum of squared lengths (bertperf.data.balance; each rank still
-    BATCHSIZE of them, every rank reading the shards of the samples placed on it). The global
-    batches, and so the gradients, are unchanged: only which rank trains which sample. Off is the
-    MLPerf reference's behaviour."""
+    train_dir: Path | None = setting("DATADIR_PHASE2", Path, doc="""
+        Folder of training shards: unpadded (`prep unpad`, `prep chop`), packed (`prep pack`) or
+        length-stratified (a `prep stratify` output: its bin folders and stratify.json).""")
+    layout: str | None = setting("LAYOUT", str, curve=True, doc="""
+        How the trainer batches them: "varlen" (unpadded shards: BATCHSIZE sequences of their
+        own lengths per micro-batch) or "packed" (packed shards: BATCHSIZE rows of
+        max_seq_length tokens holding up to 3 sequences each; every tensor of the step keeps one
+        shape for the whole run) or "stratified" (a `prep stratify` output, batched as varlen:
+        every rank's micro-batch draws the same number of samples from each length bin, in
+        proportion to the bins' sizes; bertperf.data.order.StratifiedPlan); default: what
+        DATADIR_PHASE2 holds.""")
+    masked_lm_prob: float = setting("MASKED_LM_PROB", float, 0.15, doc="""
+        LAYOUT=packed: the masking rate the data was made with (`prep create --masked_lm_prob`);
+        it bounds the masked tokens a row can hold (78 for MLPerf's 512-token rows), the fixed
+        number of masked-token slots per row. A row with more stops the run with an error naming
+        it.""")
+    packing_factor: float = setting("PACKING_FACTOR", float, 2.0, doc="""
+        LAYOUT=packed: sequences per row as the logged global_batch_size counts them (rows per
+        step x this; MLPerf's eval cadence and RCP row follow it), NVIDIA's average packing rate
+        (MLPerf's packed data holds 1.999 per row). Samples (samples_count, train_samples) are
+        the sequences actually trained.""")
+    eval_file: Path | None = setting("EVAL_FILE", Path, doc="""
+        The eval HDF5 file: padded (`prep eval`'s `eval_10k.hdf5`) or NVIDIA's variable-length
+        one (`eval_varlength/part_eval_10k.hdf5`); every sample of it is evaluated.""")
+    prefetch: int = setting("PREFETCH", int, 2, doc="""
+        Training micro-batches built ahead on the loader's thread (0 = none).""")
+    verify: str = setting("DATA_VERIFY", str, "md5", doc="""
+        Check the shards and the eval file against their folders' MANIFEST.json before training
+        (bertperf.train.preflight): "md5" (sizes, and md5s spread over the ranks), "size" or
+        "none".""")
+    loader_split: str = setting("LOADER_SPLIT", str, "global_batch", curve=True, doc="""
+        How ranks share the epoch (bertperf.data.order): "global_batch" (default): each global
+        batch of WORLD_SIZE*BATCHSIZE consecutive samples of the one epoch stream is cut into
+        per-rank parts, so the run's batches, and so its result, do not depend on the number of
+        ranks; "shards": each rank reads its own contiguous slice of the stream (fewer shards
+        per rank).""")
+    balance: bool = setting("BALANCE", yes_no, False, curve=True, doc="""
+        Place each global batch's samples (rows, when packed) on the ranks so that every rank
+        gets nearly the same tokens and sum of squared lengths (bertperf.data.balance; each rank
+        still BATCHSIZE of them, every rank reading the shards of the samples placed on it). The
+        global batches, and so the gradients, are unchanged: only which rank trains which
+        sample. Off is the MLPerf reference's behaviour.""")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float | None = _var("LR", float)
-    """Base learning rate of LAMB (required; > 0; above 1 draws a warning, as such a run
-    diverges)."""
-    max_steps: int | None = _var("MAX_STEPS", int)
-    """Optimizer steps of the LR schedule; the run aborts after this many (required)."""
-    warmup_steps: float = _var("WARMUP_STEPS", float, 0.0)
-    """Linear warm-up, in optimizer steps (a whole number); 0 means
-    int(MAX_STEPS * WARMUP_PROPORTION) from step 0."""
-    warmup_proportion: float = _var("WARMUP_PROPORTION", float, 0.0)
-    """Warm-up as a fraction of MAX_STEPS, used only when WARMUP_STEPS is 0."""
-    start_warmup_step: float = _var("START_WARMUP_STEP", float, 0.0)
-    """Optimizer step at which warm-up starts (NVIDIA's offset semantics; usually <= 0)."""
-    beta1: float = _var("OPT_LAMB_BETA_1", float, 0.9)
-    """LAMB's first-moment decay, in [0, 1)."""
-    beta2: float = _var("OPT_LAMB_BETA_2", float, 0.999)
-    """LAMB's second-moment decay, in [0, 1)."""
-    weight_decay: float = _var("WEIGHT_DECAY_RATE", float, 0.01)
-    """Decoupled weight decay of the decayed group (not biases and LayerNorm), >= 0."""
-    epsilon: float = _var("EPSILON", float, 1e-6)
-    """LAMB's epsilon, > 0."""
-    max_grad_norm: float = _var("MAX_GRAD_NORM", float, 1.0)
-    """Global gradient-norm clip before each step (0 = no clipping)."""
-    clip_before_allreduce: bool = _var("CLIP_BEFORE_ALLREDUCE", yes_no, False)
-    """1: with several ranks, each rank clips its own (accumulated) gradient bucket by bucket in
-    a DDP communication hook, to MAX_GRAD_NORM * sqrt(bucket size / model size), and starts the
-    bucket's all-reduce at once, overlapping backward (bertperf.optim.bucket_clip); the step
-    then skips non-finite steps without clipping again. 0 (default): the global norm of the
-    all-reduced gradient is clipped before the step. A single process clips the global norm
-    either way."""
-    init_loss_scale: float = _var("INIT_LOSS_SCALE", float, 2.0 ** 20)
-    """fp16 only: the dynamic loss scale's initial value."""
-    flat_lamb: bool | None = _var("FLAT_LAMB", auto_yes_no)
-    """1: LAMB over one flat fp32 buffer of all parameters, gradients and moments (FlatLamb:
-    three Triton launches a step on CUDA, plain PyTorch elsewhere; clipping on the one gradient
-    buffer); 0: LAMB with foreach ops over the parameters (Lamb); auto (default): 1 on CUDA with
-    Triton installed, else 0. The same LAMB either way, and checkpoints of one resume with the
-    other."""
-    sharded_lamb: bool = _var("SHARDED_LAMB", yes_no, False)
-    """1: shard LAMB's state and update over the ranks (ZeRO-1, bertperf.optim.ShardedLamb over
-    FlatLamb's buffer: gradients reduce-scattered instead of DDP's all-reduce, each rank keeping
-    the moments of 1/WORLD_SIZE of the parameters and updating those, weights all-gathered;
-    trust ratios still per whole tensor). 0 (default): every rank holds and steps the whole
-    optimizer, as MLPerf's reference. The same training within rounding; checkpoints hold whole
-    tensors either way and resume with either setting."""
+    lr: float | None = setting("LR", float, curve=True, doc="""
+        Base learning rate of LAMB (required; > 0; above 1 draws a warning, as such a run
+        diverges).""")
+    max_steps: int | None = setting("MAX_STEPS", int, curve=True, doc="""
+        Optimizer steps of the LR schedule; the run aborts after this many (required).""")
+    warmup_steps: float = setting("WARMUP_STEPS", float, 0.0, curve=True, doc="""
+        Linear warm-up, in optimizer steps (a whole number); 0 means int(MAX_STEPS *
+        WARMUP_PROPORTION) from step 0.""")
+    warmup_proportion: float = setting("WARMUP_PROPORTION", float, 0.0, curve=True, doc="""
+        Warm-up as a fraction of MAX_STEPS, used only when WARMUP_STEPS is 0.""")
+    start_warmup_step: float = setting("START_WARMUP_STEP", float, 0.0, curve=True, doc="""
+        Optimizer step at which warm-up starts (NVIDIA's offset semantics; usually <= 0).""")
+    beta1: float = setting("OPT_LAMB_BETA_1", float, 0.9, curve=True, doc="""
+        LAMB's first-moment decay, in [0, 1).""")
+    beta2: float = setting("OPT_LAMB_BETA_2", float, 0.999, curve=True, doc="""
+        LAMB's second-moment decay, in [0, 1).""")
+    weight_decay: float = setting("WEIGHT_DECAY_RATE", float, 0.01, curve=True, doc="""
+        Decoupled weight decay of the decayed group (not biases and LayerNorm), >= 0.""")
+    epsilon: float = setting("EPSILON", float, 1e-6, curve=True, doc="""
+        LAMB's epsilon, > 0.""")
+    max_grad_norm: float = setting("MAX_GRAD_NORM", float, 1.0, curve=True, doc="""
+        Global gradient-norm clip before each step (0 = no clipping).""")
+    clip_before_allreduce: bool = setting("CLIP_BEFORE_ALLREDUCE", yes_no, False, curve=True, doc="""
+        1: with several ranks, each rank clips its own (accumulated) gradient bucket by bucket
+        in a DDP communication hook, to MAX_GRAD_NORM * sqrt(bucket size / model size), and
+        starts the bucket's all-reduce at once, overlapping backward
+        (bertperf.optim.bucket_clip); the step then skips non-finite steps without clipping
+        again. 0 (default): the global norm of the all-reduced gradient is clipped before the
+        step. A single process clips the global norm either way.""")
+    init_loss_scale: float = setting("INIT_LOSS_SCALE", float, 2.0 ** 20, doc="""
+        fp16 only: the dynamic loss scale's initial value.""")
+    flat_lamb: bool | None = setting("FLAT_LAMB", auto_yes_no, doc="""
+        1: LAMB over one flat fp32 buffer of all parameters, gradients and moments (FlatLamb:
+        three Triton launches a step on CUDA, plain PyTorch elsewhere; clipping on the one
+        gradient buffer); 0: LAMB with foreach ops over the parameters (Lamb); auto (default): 1
+        on CUDA with Triton installed, else 0. The same LAMB either way, and checkpoints of one
+        resume with the other.""")
+    sharded_lamb: bool = setting("SHARDED_LAMB", yes_no, False, doc="""
+        1: shard LAMB's state and update over the ranks (ZeRO-1, bertperf.optim.ShardedLamb over
+        FlatLamb's buffer: gradients reduce-scattered instead of DDP's all-reduce, each rank
+        keeping the moments of 1/WORLD_SIZE of the parameters and updating those, weights all-
+        gathered; trust ratios still per whole tensor). 0 (default): every rank holds and steps
+        the whole optimizer, as MLPerf's reference. The same training within rounding;
+        checkpoints hold whole tensors either way and resume with either setting.""")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    batch_size: int | None = _var("BATCHSIZE", int)
-    """Sequences (LAYOUT=packed: rows) per micro-batch per rank (required)."""
-    gradient_steps: int = _var("GRADIENT_STEPS", int, 1)
-    """Micro-batches accumulated into one optimizer step."""
-    eval_batch_size: int = _var("EVAL_BATCHSIZE", int, 128)
-    """Sequences per eval batch per rank."""
-    eval_iter_start_samples: int | None = _var("EVAL_ITER_START_SAMPLES", int)
-    """Samples trained before the first eval; default EVAL_ITER_SAMPLES."""
-    eval_iter_samples: int | None = _var("EVAL_ITER_SAMPLES", int)
-    """Samples between evals; default MLPerf's formula of the global batch
-    (reference_eval_interval)."""
-    max_samples_termination: int = _var("MAX_SAMPLES_TERMINATION", int, 14_000_000)
-    """The run aborts once this many samples (sequences) are trained without reaching the
-    target."""
-    target_accuracy: float = _var("TARGET_MLM_ACCURACY", float, TARGET_ACCURACY)
-    """Masked-LM accuracy at which the run stops with status success."""
-    seed: int = _var("SEED", int, 0)
-    """Seed of model init, dropout and data order."""
-    precision: str = _var("PRECISION", str, "fp32")
-    """fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling). Meant for GPUs: on a
-    CPU without bf16/fp16 matmul instructions they are emulated, many times slower than fp32:
-    the trainer then warns with the matmul slowdown it measures (docs/performance.md)."""
-    device: str = _var("DEVICE", str, "auto")
-    """cuda, cpu or auto (cuda:LOCAL_RANK when CUDA is available)."""
-    log_every: int = _var("LOG_FREQ", int, 10)
-    """A progress line every this many optimizer steps (0 = none); the losses, kept on the
-    device meanwhile, are read then and at evals."""
-    compile: str = _var("COMPILE", str, "none")
-    """LAYOUT=packed: torch.compile the micro-step (forward, loss, backward) with this backend:
-    none, inductor, or aot_eager / eager (no code generation; tests)."""
-    use_cuda_graph: bool = _var("USE_CUDA_GRAPH", yes_no, False)
-    """LAYOUT=packed, CUDA only: replay the micro-step as CUDA graphs (torch.compile
-    mode="reduce-overhead"; with COMPILE=none, inductor)."""
-    output_dir: Path = _var("LOGDIR", Path, Path("results"))
-    """Folder for the MLPerf log."""
-    log_file: Path | None = _var("MLLOG_FILE", Path)
-    """The MLPerf log; default output_dir/result_0.txt."""
-    submission_org: str = _var("SUBMISSION_ORG", str, "bertperf")
-    """submission_org of the MLPerf log."""
-    submission_platform: str = _var("SUBMISSION_PLATFORM", str, "unknown")
-    """submission_platform of the MLPerf log."""
-    submission_division: str = _var("SUBMISSION_DIVISION", str, CLOSED)
-    """closed (the benchmark as defined: target 0.720) or open (anything else, e.g. the demo's
-    tiny BERT and its own target; the open-division rules have no accuracy target)."""
-    cache_clear: bool = _var("CACHE_CLEAR", yes_no, False)
-    """Whether the launcher dropped the page cache before this run (run.sub / run_and_time.sh
-    set it); logged as MLPerf's cache_clear."""
-    plot: bool = _var("PLOT", yes_no, False)
-    """At the end of the run, draw loss and accuracy curves into <MLPerf log>.png
-    (`python -m bertperf plot` draws them from any log)."""
+    batch_size: int | None = setting("BATCHSIZE", int, curve=True, doc="""
+        Sequences (LAYOUT=packed: rows) per micro-batch per rank (required).""")
+    gradient_steps: int = setting("GRADIENT_STEPS", int, 1, curve=True, doc="""
+        Micro-batches accumulated into one optimizer step.""")
+    eval_batch_size: int = setting("EVAL_BATCHSIZE", int, 128, doc="""
+        Sequences per eval batch per rank.""")
+    eval_iter_start_samples: int | None = setting("EVAL_ITER_START_SAMPLES", int, doc="""
+        Samples trained before the first eval; default EVAL_ITER_SAMPLES.""")
+    eval_iter_samples: int | None = setting("EVAL_ITER_SAMPLES", int, doc="""
+        Samples between evals; default MLPerf's formula of the global batch
+        (reference_eval_interval).""")
+    max_samples_termination: int = setting("MAX_SAMPLES_TERMINATION", int, 14_000_000, doc="""
+        The run aborts once this many samples (sequences) are trained without reaching the
+        target.""")
+    target_accuracy: float = setting("TARGET_MLM_ACCURACY", float, TARGET_ACCURACY, doc="""
+        Masked-LM accuracy at which the run stops with status success.""")
+    seed: int = setting("SEED", int, 0, curve=True, doc="""
+        Seed of model init, dropout and data order.""")
+    precision: str = setting("PRECISION", str, "fp32", curve=True, doc="""
+        fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling). Meant for GPUs: on a
+        CPU without bf16/fp16 matmul instructions they are emulated, many times slower than
+        fp32: the trainer then warns with the matmul slowdown it measures (docs/performance.md).""")
+    device: str = setting("DEVICE", str, "auto", doc="""
+        cuda, cpu or auto (cuda:LOCAL_RANK when CUDA is available).""")
+    log_every: int = setting("LOG_FREQ", int, 10, doc="""
+        A progress line every this many optimizer steps (0 = none); the losses, kept on the
+        device meanwhile, are read then and at evals.""")
+    fused_kernels: bool | None = setting("FUSED_KERNELS", auto_yes_no, doc="""
+        Whether the model and FlatLamb run bertperf.kernels' fused Triton kernels: auto
+        (default) and 1 where they can (CUDA tensors, Triton installed; 1 refuses a machine
+        where they cannot), 0 plain PyTorch everywhere (the baseline `bench train` compares
+        with). The same numerics within rounding either way.""")
+    compile: str = setting("COMPILE", str, "none", doc="""
+        LAYOUT=packed: torch.compile the micro-step (forward, loss, backward) with this backend:
+        none, inductor, or aot_eager / eager (no code generation; tests).""")
+    use_cuda_graph: bool = setting("USE_CUDA_GRAPH", yes_no, False, doc="""
+        LAYOUT=packed, CUDA only: replay the micro-step as CUDA graphs (torch.compile
+        mode="reduce-overhead"; with COMPILE=none, inductor).""")
+    output_dir: Path = setting("LOGDIR", Path, Path("results"), doc="""
+        Folder for the MLPerf log.""")
+    log_file: Path | None = setting("MLLOG_FILE", Path, doc="""
+        The MLPerf log; default output_dir/result_0.txt.""")
+    submission_org: str = setting("SUBMISSION_ORG", str, "bertperf", doc="""
+        submission_org of the MLPerf log.""")
+    submission_platform: str = setting("SUBMISSION_PLATFORM", str, "unknown", doc="""
+        submission_platform of the MLPerf log.""")
+    submission_division: str = setting("SUBMISSION_DIVISION", str, CLOSED, doc="""
+        closed (the benchmark as defined: target 0.720) or open (anything else, e.g. the demo's
+        tiny BERT and its own target; the open-division rules have no accuracy target).""")
+    cache_clear: bool = setting("CACHE_CLEAR", yes_no, False, doc="""
+        Whether the launcher dropped the page cache before this run (run.sub / run_and_time.sh
+        set it); logged as MLPerf's cache_clear.""")
+    plot: bool = setting("PLOT", yes_no, False, doc="""
+        At the end of the run, draw loss and accuracy curves into <MLPerf log>.png (`python -m
+        bertperf plot` draws them from any log).""")
 
 
 # ---- checkpoints (bertperf.train.checkpoint) ---------------------------------------------------
@@ -246,14 +265,15 @@ class CheckpointConfig:
     (its own init and run_start); what carries over is the training state, so the loss curve
     continues exactly where the checkpoint left it."""
 
-    checkpoint_dir: Path | None = _var("CHECKPOINT_DIR", Path)
-    """Folder for checkpoints (ckpt_<step>.pt, written by rank 0 atomically); unset = none saved."""
-    checkpoint_every: int = _var("CHECKPOINT_EVERY", int, 0)
-    """Save every this many optimizer steps, and at the end of a run stopped by MAX_STEPS or
-    MAX_SAMPLES_TERMINATION (0 = only at that end). Needs CHECKPOINT_DIR."""
-    resume_from: str | None = _var("RESUME_FROM", str)
-    """A checkpoint file to resume from, or "auto": the latest in CHECKPOINT_DIR (a fresh start
-    when there is none). The run's configuration must match the checkpoint's."""
+    checkpoint_dir: Path | None = setting("CHECKPOINT_DIR", Path, doc="""
+        Folder for checkpoints (ckpt_<step>.pt, written by rank 0 atomically); unset = none
+        saved.""")
+    checkpoint_every: int = setting("CHECKPOINT_EVERY", int, 0, doc="""
+        Save every this many optimizer steps, and at the end of a run stopped by MAX_STEPS or
+        MAX_SAMPLES_TERMINATION (0 = only at that end). Needs CHECKPOINT_DIR.""")
+    resume_from: str | None = setting("RESUME_FROM", str, doc="""
+        A checkpoint file to resume from, or "auto": the latest in CHECKPOINT_DIR (a fresh start
+        when there is none). The run's configuration must match the checkpoint's.""")
 
 
 # ---- end of checkpoints ----------------------------------------------------------------------
@@ -266,23 +286,23 @@ class DistConfig:
     SLURM_STEP_ID), in that order: the innermost launcher wins (torchrun under srun or mpirun,
     mpirun inside a Slurm job). run_and_time.sh asks this same reader."""
 
-    rank: int = 0
-    """Global rank of this process."""
-    world_size: int = 1
-    """Number of processes."""
-    local_rank: int = 0
-    """Rank on this node (picks the GPU)."""
-    master_addr: str = _var("MASTER_ADDR", str, "127.0.0.1")
-    """Host of rank 0's rendezvous store (run.sub: the allocation's first node)."""
-    master_port: int = _var("MASTER_PORT", int, 29500)
-    """TCP port of that store, 1-65535."""
-    dist_timeout: float = _var("DIST_TIMEOUT", float, 1800.0)
-    """Seconds a collective may wait for the other ranks before the job fails, naming the ranks
-    gone silent."""
-    launcher_store: bool = False
-    """True under torchrun (TORCHELASTIC_RUN_ID set): its agent already serves the rendezvous
-    store on MASTER_ADDR:MASTER_PORT, so the group joins it with env:// instead of opening its own
-    tcp:// store there (which would clash on that port and hang)."""
+    rank: int = field(default=0, metadata={"doc": """
+        Global rank of this process."""})
+    world_size: int = field(default=1, metadata={"doc": """
+        Number of processes.""", "curve": True, "name": "WORLD_SIZE"})
+    local_rank: int = field(default=0, metadata={"doc": """
+        Rank on this node (picks the GPU)."""})
+    master_addr: str = setting("MASTER_ADDR", str, "127.0.0.1", doc="""
+        Host of rank 0's rendezvous store (run.sub: the allocation's first node).""")
+    master_port: int = setting("MASTER_PORT", int, 29500, doc="""
+        TCP port of that store, 1-65535.""")
+    dist_timeout: float = setting("DIST_TIMEOUT", float, 1800.0, doc="""
+        Seconds a collective may wait for the other ranks before the job fails, naming the ranks
+        gone silent.""")
+    launcher_store: bool = field(default=False, metadata={"doc": """
+        True under torchrun (TORCHELASTIC_RUN_ID set): its agent already serves the rendezvous
+        store on MASTER_ADDR:MASTER_PORT, so the group joins it with env:// instead of opening
+        its own tcp:// store there (which would clash on that port and hang)."""})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> DistConfig:
@@ -314,40 +334,33 @@ class DistConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """Which BERT."""
-    data: DataConfig = field(default_factory=DataConfig)
-    """Where the samples are."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    """LAMB and its schedule."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """Batching, evaluation, stopping, logging."""
-    dist: DistConfig = field(default_factory=DistConfig)
-    """This process's place in the job: its rank, world size and local rank come from the
-    launcher's variables (torchrun, OpenMPI, a Slurm step); these say where the ranks meet."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """Checkpoint saving and resuming (bertperf.train.checkpoint)."""
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": """
+        Which BERT."""})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"doc": """
+        Where the samples are."""})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"doc": """
+        LAMB and its schedule."""})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"doc": """
+        Batching, evaluation, stopping, logging."""})
+    dist: DistConfig = field(default_factory=DistConfig, metadata={"doc": """
+        This process's place in the job: its rank, world size and local rank come from the
+        launcher's variables (torchrun, OpenMPI, a Slurm step); these say where the ranks meet."""})
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": """
+        Checkpoint saving and resuming (bertperf.train.checkpoint)."""})
 
     @property
     def rows_per_step(self) -> int:
         """Sequences (LAYOUT=packed: rows) per optimizer step over all ranks."""
         return self.train.batch_size * self.train.gradient_steps * self.dist.world_size
 
-    @property
-    def global_batch_size(self) -> int:
-        """Sequences per optimizer step as MLPerf's global_batch_size counts them (packed rows
-        times PACKING_FACTOR)."""
-        if self.data.layout == "packed":
-            return round(self.rows_per_step * self.data.packing_factor)
-        return self.rows_per_step
+    def eval_interval(self, global_batch_size: int) -> int:
+        """Samples between evals: EVAL_ITER_SAMPLES, or MLPerf's formula of the global batch
+        (as MLPerf counts it: train.layout.Layout.global_batch_size)."""
+        return self.train.eval_iter_samples or reference_eval_interval(global_batch_size)
 
-    @property
-    def eval_interval(self) -> int:
-        return self.train.eval_iter_samples or reference_eval_interval(self.global_batch_size)
-
-    @property
-    def first_eval(self) -> int:
-        return self.train.eval_iter_start_samples or self.eval_interval
+    def first_eval(self, global_batch_size: int) -> int:
+        """Samples trained before the first eval."""
+        return self.train.eval_iter_start_samples or self.eval_interval(global_batch_size)
 
     @property
     def log_path(self) -> Path:
@@ -357,13 +370,40 @@ class RunConfig:
 SECTIONS = ("model", "data", "optim", "train", "checkpoint", "dist")
 
 
+def section_fields() -> Iterator[tuple[str, Any]]:
+    """(section name, dataclass field) of every field of every section."""
+    for name in SECTIONS:
+        yield from ((name, f) for f in fields(RunConfig.__dataclass_fields__[name].default_factory))
+
+
+def _curve_fields() -> Iterator[tuple[str, str, Any]]:
+    for section, f in section_fields():
+        if f.metadata.get("curve"):
+            yield f.metadata.get("env") or f.metadata["name"], section, f
+
+
+def fingerprint(cfg: RunConfig) -> dict[str, Any]:
+    """{variable: value} of every setting marked `curve` (a resumed run must share them with
+    the checkpoint), values as plain JSON types."""
+    out = {}
+    for key, section, f in _curve_fields():
+        value = getattr(getattr(cfg, section), f.name)
+        out[key] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+    return out
+
+
+def fingerprint_defaults() -> dict[str, Any]:
+    """{variable: default} of the `curve` settings: the value a checkpoint written before a
+    setting existed was trained with."""
+    return {key: f.default for key, _, f in _curve_fields()}
+
+
 def tunables() -> Iterator[tuple[str, Any]]:
     """(section name, dataclass field) of every field set by a variable and a flag (the dist
     section's rank fields come from the launcher's variables only)."""
-    for name in SECTIONS:
-        for f in fields(RunConfig.__dataclass_fields__[name].default_factory):
-            if "env" in f.metadata:
-                yield name, f
+    for name, f in section_fields():
+        if "env" in f.metadata:
+            yield name, f
 
 
 def _parse(environ: Mapping[str, str], key: str, conv: Callable[[str], Any]) -> Any:
@@ -477,11 +517,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.compile not in COMPILE_BACKENDS:
         raise UserError(f"COMPILE must be one of {', '.join(COMPILE_BACKENDS)}, "
                         f"not {cfg.train.compile!r}")
-    if cfg.train.use_cuda_graph and cfg.train.device == "cpu":
-        raise UserError("USE_CUDA_GRAPH=1 needs a CUDA device, not DEVICE=cpu")
-    if cfg.train.use_cuda_graph and cfg.train.compile not in ("none", "inductor"):
-        raise UserError(f"USE_CUDA_GRAPH=1 replays inductor's code: COMPILE={cfg.train.compile} "
-                        "cannot go with it (use none or inductor)")
     if cfg.train.precision not in PRECISIONS:
         raise UserError(f"PRECISION must be one of {', '.join(PRECISIONS)}, "
                         f"not {cfg.train.precision!r}")
@@ -497,12 +532,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.data.verify not in VERIFY_MODES:
         raise UserError(f"DATA_VERIFY must be one of {', '.join(VERIFY_MODES)}, "
                         f"not {cfg.data.verify!r}")
-    if cfg.optim.sharded_lamb and cfg.optim.flat_lamb is False:
-        raise UserError("SHARDED_LAMB=1 shards FlatLamb's flat buffer: it cannot go with "
-                        "FLAT_LAMB=0 (set FLAT_LAMB=auto or 1)")
-    if cfg.optim.sharded_lamb and cfg.optim.clip_before_allreduce:
-        raise UserError("CLIP_BEFORE_ALLREDUCE=1 clips DDP's all-reduce buckets, which "
-                        "SHARDED_LAMB=1 replaces by its reduce-scatter: set one of them to 0")
     init = cfg.model.init_checkpoint
     if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
         raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "

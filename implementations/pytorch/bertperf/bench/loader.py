@@ -3,7 +3,7 @@
 Writes synthetic bertperf-unpadded/1 shards (MLPerf-like lengths: 512 tokens at most, 76 masks at
 most) and the same samples packed (greedily, up to 3 sequences a row, bertperf-packed/1) into a
 temporary folder, or reads --data DIR, and measures for one loader worker (the producing thread)
-the samples/s of each batch layout: padded [B, 512] arrays, unpadded varlen arrays (cu_seqlens)
+the samples/s of each kind of batch arrays: padded [B, 512] arrays, unpadded varlen arrays (cu_seqlens)
 and packed rows (a batch is batch_size rows; samples/s counts the sequences in them), without and
 with prefetching. Then, in a fresh process, the peak RSS of a loader that reads one whole epoch of
 --rss_shards (4320) small shards, all on one rank (the worst case: a real rank reads
@@ -14,6 +14,7 @@ H100 trains, about 1,000 samples/s) and < 2 GB per rank.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -22,9 +23,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from bertperf.data.collate import collate_padded
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
 from bertperf.errors import UserError
@@ -125,20 +128,27 @@ def write_synthetic_packed(folder: Path, shards: int, per_shard: int, seed: int,
 
 # ---- measurements --------------------------------------------------------------------------------
 
-def measure_rate(dataset: ShardDataset, batch_size: int, layout: str, prefetch: int,
+def padded(dataset: ShardDataset) -> Callable[[Samples], dict]:
+    """The reference's padded arrays of `dataset`'s samples (data/collate.py collate_padded)."""
+    return functools.partial(collate_padded, max_seq_length=dataset.max_seq_length,
+                             max_pred=dataset.max_pred)
+
+
+def measure_rate(dataset: ShardDataset, batch_size: int, arrays: str, prefetch: int,
                  seconds: float) -> tuple[float, float]:
-    """(samples/s, tokens/s) of one loader iterated for about `seconds` (whole epochs in a row);
-    for packed rows the samples are the sequences in them."""
-    loader = ShardLoader(dataset, batch_size, layout=layout, prefetch=prefetch, seed=7)
+    """(samples/s, tokens/s) of one loader making `arrays` ("padded", "varlen" or, from packed
+    shards, "packed") iterated for about `seconds` (whole epochs in a row); for packed rows the
+    samples are the sequences in them."""
+    loader = ShardLoader(dataset, batch_size, prefetch=prefetch, seed=7,
+                         collate=padded(dataset) if arrays == "padded" else None)
     samples = tokens = 0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for batch in loader:
-            if layout == "padded":
-                samples += len(batch["next_sentence_labels"])
+            samples += int(batch["global_sequences"])  # one rank: its own
+            if arrays == "padded":
                 tokens += int(batch["input_mask"].sum())
             else:  # varlen and packed batches count themselves
-                samples += int(batch["num_sequences"])
                 tokens += int(batch["num_tokens"])
             if time.perf_counter() - t0 >= seconds:
                 break
@@ -165,7 +175,7 @@ def rss_child(folder: str, batch_size: int) -> None:
     t0 = time.perf_counter()
     dataset = ShardDataset.from_folder(folder)
     t_open = time.perf_counter() - t0
-    loader = ShardLoader(dataset, batch_size, layout="padded", prefetch=2, seed=3)
+    loader = ShardLoader(dataset, batch_size, collate=padded(dataset), prefetch=2, seed=3)
     n = 0
     t1 = time.perf_counter()
     for batch in loader:
@@ -209,11 +219,11 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         for dataset in datasets:
             kind = "packed" if dataset.packed else "unpadded"
-            for layout in ("packed",) if dataset.packed else ("padded", "varlen"):
+            for arrays in ("packed",) if dataset.packed else ("padded", "varlen"):
                 for prefetch in (0, 2):
-                    rate, tok_rate = measure_rate(dataset, args.batch_size, layout, prefetch,
+                    rate, tok_rate = measure_rate(dataset, args.batch_size, arrays, prefetch,
                                                   args.seconds)
-                    rows.append((f"{kind} shards -> {layout}", prefetch, rate, tok_rate))
+                    rows.append((f"{kind} shards -> {arrays}", prefetch, rate, tok_rate))
         rss = None
         if args.rss_shards:
             t0 = time.perf_counter()
@@ -222,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
             t_write = time.perf_counter() - t0
             rss = measure_rss(work / "rss", args.batch_size)
     print(f"\nloader, one worker, batch {args.batch_size} (rows, for packed shards); {source}")
-    print(f"| {'layout':30s} | prefetch | samples/s | tokens/s (M) | tokens/sample | "
+    print(f"| {'arrays':30s} | prefetch | samples/s | tokens/s (M) | tokens/sample | "
           f">= {GOAL_RATE}/s |")
     print(f"|{'-' * 32}|----------|-----------|--------------|---------------|-----------|")
     for label, prefetch, rate, tok_rate in rows:

@@ -13,9 +13,6 @@ import numpy as np
 from bertperf.errors import UserError
 from bertperf.formats.samples import Samples, ranges
 
-LAYOUTS = ("padded", "varlen", "packed")
-
-
 def collate_padded(s: Samples, max_seq_length: int, max_pred: int) -> dict[str, np.ndarray]:
     """The reference's padded arrays (Samples.to_padded): input_ids/input_mask/segment_ids [B, L],
     masked_lm_positions/masked_lm_ids [B, P] (0 = padding), next_sentence_labels [B]."""

@@ -7,12 +7,13 @@ position.
         for exact resume; `prefetch` batches built ahead on a thread (the batches are the same
         with or without it)
 
-Layouts: "padded" and "varlen" (unpadded shards), "packed" (packed shards: fixed-shape rows,
-data/collate.py collate_packed, at most `masks_per_row` masked tokens per row, checked on every
-row read: one line naming the shard and row otherwise). Varlen and packed batches carry their
-counts as host scalars, and `global_sequences`: the sequences of the whole global batch (every
-rank's part of it; for packed rows read from every rank's rows' index, which with split="shards"
-means other ranks' shards too), so a trainer counts MLPerf's samples without a collective.
+Batches: unpadded shards' samples go through `collate` (data/collate.py collate_varlen by
+default; collate_padded for the reference's padded arrays), packed shards' rows through
+collate_packed (fixed-shape rows, at most `masks_per_row` masked tokens per row, checked on every
+row read: one line naming the shard and row otherwise). Every batch carries `global_sequences`:
+the sequences of the whole global batch (every rank's part of it; for packed rows read from every
+rank's rows' index, which with split="shards" means other ranks' shards too), so a trainer counts
+MLPerf's samples without a collective.
 
 Balance (`balance=True`, the trainer's BALANCE): every step's global batch (every rank's samples
 at the same positions) is placed on the ranks by data/balance.py from the samples' lengths (the
@@ -30,13 +31,12 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from bertperf.data.balance import place
-from bertperf.data.collate import (LAYOUTS, collate_packed, collate_padded, collate_varlen,
-                                   rows_over)
+from bertperf.data.collate import collate_packed, collate_varlen, rows_over
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.order import SPLITS, EpochPlan, StratifiedPlan
 from bertperf.errors import UserError
@@ -101,30 +101,28 @@ class ShardLoader:
 
     def __init__(self, dataset: ShardDataset, batch_size: int, *, rank: int = 0,
                  world_size: int = 1, seed: int = 0, epoch: int = 0, start_sample: int = 0,
-                 layout: str | None = None, drop_last: bool = True, prefetch: int = 2,
+                 collate: Callable[[Samples], dict] | None = None, drop_last: bool = True,
+                 prefetch: int = 2,
                  max_seq_length: int | None = None, max_pred: int | None = None,
                  split: str = "shards", masks_per_row: int | None = None,
                  balance: bool = False) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        layout = layout or ("packed" if dataset.packed else "padded")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
-        if (layout == "packed") != dataset.packed:
-            raise ValueError(f"layout {layout!r} does not fit {dataset.kind} shards (packed "
-                             "shards give layout 'packed', unpadded shards 'padded' or 'varlen')")
+        if collate is not None and dataset.packed:
+            raise ValueError("packed shards' rows are collated by collate_packed, not `collate`")
         if seed < 0 or epoch < 0 or start_sample < 0:
             raise ValueError("seed, epoch and start_sample must be non-negative")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
-        if dataset.bins is not None and (layout == "packed" or split != "global_batch"):
-            raise ValueError("stratified data gives varlen or padded batches, split global_batch")
+        if dataset.bins is not None and split != "global_batch":
+            raise ValueError("stratified data is read with split global_batch")
         self.split, self.balance = split, balance and world_size > 1
         self.dataset, self.batch_size = dataset, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.layout, self.drop_last, self.prefetch = layout, drop_last, max(0, prefetch)
+        self.collate = collate or collate_varlen
+        self.drop_last, self.prefetch = drop_last, max(0, prefetch)
         self.max_seq_length = max_seq_length or dataset.max_seq_length
         self.max_pred = max_pred or dataset.max_pred
         room = (dataset.max_seqs_per_row or 1) * self.max_pred  # Packed.batch's columns
@@ -207,7 +205,7 @@ class ShardLoader:
 
     def make_batch(self, plan: Plan, start: int) -> dict[str, np.ndarray]:
         stop = start + self.batch_size
-        if self.layout == "packed":
+        if self.dataset.packed:
             parts = [self.packed_rows(shard, rows) for shard, rows in self.refs(plan, start, stop)]
             rows = parts[0] if len(parts) == 1 else \
                 {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -216,9 +214,8 @@ class ShardLoader:
             return {**collate_packed(rows, self.masks_per_row),
                     "global_sequences": np.int64(sum(self.sequences(*ref) for ref in everyone))}
         s = self.samples(plan, start, start + self.batch_size)
-        if self.layout == "varlen":  # every rank's batch has as many samples as this one
-            return {**collate_varlen(s), "global_sequences": np.int64(len(s) * self.world_size)}
-        return collate_padded(s, self.max_seq_length, self.max_pred)
+        # every rank's batch has as many samples as this one
+        return {**self.collate(s), "global_sequences": np.int64(len(s) * self.world_size)}
 
     def packed_rows(self, shard: int, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Packed.batch of these rows of `shard`, each checked against masks_per_row."""

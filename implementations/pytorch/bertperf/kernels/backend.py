@@ -16,9 +16,20 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+_selected: bool | None = None
+
+
+def select(setting: bool | None) -> None:
+    """The run's FUSED_KERNELS (set once per run, train.loop.build_step): None (auto) or True,
+    the Triton path where use_triton allows it; False, plain PyTorch everywhere."""
+    global _selected
+    _selected = setting
+
+
 def use_triton(x: torch.Tensor) -> bool:
-    """Whether the kernel functions take the Triton path for tensors like x."""
-    return x.is_cuda and triton_installed()
+    """Whether the kernel functions take the Triton path for tensors like x: CUDA tensors with
+    Triton installed, unless FUSED_KERNELS=0 selected plain PyTorch."""
+    return _selected is not False and x.is_cuda and triton_installed()
 
 
 def activation_dtype(x: torch.Tensor) -> torch.dtype:

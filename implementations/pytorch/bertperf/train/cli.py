@@ -6,28 +6,10 @@ typed fields of bertperf/config.py) and has a flag that wins over its variable."
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
 import sys
 from dataclasses import MISSING, fields
 
-from bertperf import config
-from bertperf.config import RunConfig, load, process_environment, tunables, yes_no
-
-
-def field_docs() -> dict[tuple[str, str], str]:
-    """{(class, field): the docstring under the field} for every class of bertperf/config.py, read
-    from its source, whitespace folded."""
-    docs = {}
-    for cls in ast.parse(inspect.getsource(config)).body:
-        if not isinstance(cls, ast.ClassDef):
-            continue
-        for node, doc in zip(cls.body, cls.body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
-                    isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and \
-                    isinstance(doc.value.value, str):
-                docs[cls.name, node.target.id] = " ".join(doc.value.value.split())
-    return docs
+from bertperf.config import RunConfig, doc, load, process_environment, tunables, yes_no
 
 
 def default_text(value) -> str | None:
@@ -41,19 +23,18 @@ def default_text(value) -> str | None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = "%(prog)s [-h] [--check] [--SETTING VALUE ...]"
-    docs = field_docs()
-    classes = {f.name: f.default_factory.__name__ for f in fields(RunConfig)}
-    groups = {section: p.add_argument_group(f"{section} settings", docs["RunConfig", section])
+    sections = {f.name: f for f in fields(RunConfig)}
+    groups = {section: p.add_argument_group(f"{section} settings", doc(sections[section]))
               for section in dict.fromkeys(section for section, _ in tunables())}
     for section, f in tunables():
-        env, doc = f.metadata["env"], docs.get((classes[section], f.name), "")
+        env, text = f.metadata["env"], doc(f)
         default = default_text(f.default)
         where = f"env {env}" + (f"; default {default}" if default is not None else "")
         switch = {"nargs": "?", "const": "1"} if f.metadata["conv"] is yes_no else {}
         groups[section].add_argument(
             "--" + f.name.replace("_", "-"), dest=f"{section}.{f.name}",
             default=argparse.SUPPRESS, metavar=env,
-            help=f"{doc} ({where})".strip().replace("%", "%%"), **switch)
+            help=f"{text} ({where})".strip().replace("%", "%%"), **switch)
     p.add_argument("--check", action="store_true",
                    help="only load and validate the configuration (variables, paths, global "
                         "batch against the RCP range) and print it; run.sub does this first")
@@ -62,24 +43,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if "." in k}
     cfg = load(process_environment(), flags)
-    from bertperf.train.checks import check_device, check_run, resolve_layout, run_warnings
     from bertperf.train.launch import reported_to_launcher
     with reported_to_launcher(under_launcher=cfg.dist.launcher_store):
-        cfg = resolve_layout(cfg)
-        check_run(cfg)
-        check_device(cfg)
+        if not args.check:
+            from bertperf.train.loop import main
+            return main(cfg)
+        from bertperf.train.checks import prepare, run_warnings
+        from bertperf.train.layout import layout_of
+        from bertperf.train.parallel import reduction_for
+        cfg = prepare(cfg)
         if cfg.dist.rank == 0:
             for line in run_warnings(cfg):
                 print(f"warning: {line}", file=sys.stderr, flush=True)
-        if args.check:
-            rows = f" ({cfg.rows_per_step} rows x {cfg.data.packing_factor})" \
-                if cfg.data.layout == "packed" else ""
-            print(f"train --check: OK: global batch {cfg.global_batch_size} "
-                  f"({cfg.dist.world_size} ranks x {cfg.train.batch_size} x "
-                  f"{cfg.train.gradient_steps}){rows}, layout {cfg.data.layout}, LR "
-                  f"{cfg.optim.lr}, MAX_STEPS "
-                  f"{cfg.optim.max_steps}, first eval at {cfg.first_eval} samples then every "
-                  f"{cfg.eval_interval}, data {cfg.data.train_dir}, eval {cfg.data.eval_file}")
-            return 0
-        from bertperf.train.loop import main
-        return main(cfg)
+        layout = layout_of(cfg)
+        gbs = layout.global_batch_size(cfg)
+        rows = f" ({cfg.rows_per_step} rows x {cfg.data.packing_factor})" \
+            if layout.fixed_shapes else ""
+        print(f"train --check: OK: global batch {gbs} ({cfg.dist.world_size} ranks x "
+              f"{cfg.train.batch_size} x {cfg.train.gradient_steps}){rows}, layout {layout.name}, "
+              f"gradients {reduction_for(cfg, cfg.dist.world_size).name}, LR {cfg.optim.lr}, "
+              f"MAX_STEPS {cfg.optim.max_steps}, first eval at {cfg.first_eval(gbs)} samples "
+              f"then every {cfg.eval_interval(gbs)}, data {cfg.data.train_dir}, eval "
+              f"{cfg.data.eval_file}")
+        return 0

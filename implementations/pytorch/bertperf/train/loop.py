@@ -36,54 +36,63 @@ from typing import Callable, Iterator, Mapping
 import numpy as np
 import torch
 from mlperf_logging.mllog import constants as C  # noqa: N812
-from torch.nn.parallel import DistributedDataParallel
 
 from bertperf.benchmark import EVAL_SAMPLES
 from bertperf.config import RunConfig
-from bertperf.data.collate import max_masks_per_row
-from bertperf.data.dataset import ShardDataset
+from bertperf.errors import UserError
 from bertperf.data.loader import ShardLoader
-from bertperf.formats.packed import packed_meta
 from bertperf.formats.samples import Samples
+from bertperf.kernels import backend
 from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
-from bertperf.model import (BatchCounts, BertForPreTraining, PackedBatch, UnpaddedBatch,
-                            compiled_forward_loss)
-from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, make_optimizer,
-                            mlperf_hparams, param_groups, resolve_warmup, use_flat_lamb)
-from bertperf.optim.bucket_clip import clip_buckets_before_allreduce
+from bertperf.model import BatchCounts, BertForPreTraining
+from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, mlperf_hparams,
+                            resolve_warmup)
 from bertperf.train import checkpoint, preflight, warmstart
 from bertperf.train import dist as distributed
-from bertperf.train.checks import check_run, on_cpu, resolve_layout
+from bertperf.train.checks import check_run, on_cpu, prepare, run_warnings
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
+from bertperf.train.layout import layout_of
+from bertperf.train.parallel import Plan, parallelize
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
-class Trainer:
-    """Everything a run holds; `model` is what the loop calls (DDP-wrapped when world > 1 and
-    the optimizer is not sharded), `core` the single-device model under it."""
+class Step:
+    """What one optimizer step uses (train_step), built by `build_step`: `bench train` times
+    the trainer's step through it."""
 
     cfg: RunConfig
+    """The run's configuration, its layout resolved (train.checks.prepare)."""
     dist: distributed.Dist
     device: torch.device
-    core: BertForPreTraining
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    plan: Plan
+    """How gradients leave this rank: the model the step calls, the optimizer, the micro-step
+    (train/parallel.py)."""
     scheduler: LinearWarmupPolyDecay
     scaler: DynamicLossScaler | None
-    loader: ShardLoader
-    eval_share: Samples
-    log: MLPerfLogger
-    forward_loss: Callable[..., torch.Tensor]
-    """bertperf.model.forward_loss, or its torch.compile'd form (COMPILE, USE_CUDA_GRAPH)."""
-    batches: DeviceBatches | None = None
-    """The micro-batches on the device, one ahead of the step (made when the loop starts, after
-    a resume has set the loader's position)."""
 
     def autocast(self):
         return autocast_for(self.cfg, self.device)()
+
+
+@dataclass
+class Trainer(Step):
+    """Everything a run holds, built once by `setup`."""
+
+    loader: ShardLoader
+    batches: DeviceBatches
+    """The loader's micro-batches on the device, one ahead of the step."""
+    eval_share: Samples
+    log: MLPerfLogger
+    global_batch_size: int
+    """Sequences per step as MLPerf counts them (train.layout.Layout.global_batch_size)."""
+    progress: checkpoint.Progress
+    """The loop's counters."""
+    checkpointer: checkpoint.Checkpointer
+    """The run's checkpoint parts (model, fingerprint, optimizer, schedule, loss scale, loader,
+    progress, random states)."""
 
 
 def autocast_for(cfg: RunConfig, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:  # noqa: E501
@@ -119,26 +128,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def flat_lamb(cfg: RunConfig, model: torch.nn.Module) -> bool:
-    """Whether LAMB runs over one flat buffer (FlatLamb): FLAT_LAMB, or when it is auto, whether
-    the kernels take their Triton path for the model's parameters (CUDA, Triton installed;
-    bertperf.optim.use_flat_lamb, which `bench train` asks too)."""
-    return use_flat_lamb(model.parameters(), cfg.optim.flat_lamb)
-
-
-def clips_before_allreduce(cfg: RunConfig, dist: distributed.Dist) -> bool:
-    """Whether DDP's communication hook clips each rank's gradient buckets before their
-    all-reduce (CLIP_BEFORE_ALLREDUCE=1, several ranks, MAX_GRAD_NORM > 0;
-    bertperf.optim.bucket_clip), so that the step does not clip again; a single process has no
-    all-reduce and clips the global norm."""
-    return cfg.optim.clip_before_allreduce and dist.active and cfg.optim.max_grad_norm > 0
-
-
 def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
-    """Build the run (between init_start and init_stop)."""
+    """Build the run (between init_start and init_stop) from a prepared configuration
+    (train.checks.prepare)."""
+    layout = layout_of(cfg)
     device = pick_device(cfg)
     use_tf32(device)
-    cfg = resolve_layout(cfg)
     dist = distributed.init(cfg.dist, device)
     # one seed for the run: rank 0's (ranks started by `mpirun -np N run_and_time.sh` each draw
     # their own $RANDOM; the loader needs the same epoch order on every rank)
@@ -147,45 +142,19 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     core = BertForPreTraining(check_run(cfg)).to(device)
     if cfg.model.init_checkpoint is not None:
         warmstart.load_weights(core, cfg.model.init_checkpoint)
-    opt = cfg.optim
-    name = "sharded_lamb" if opt.sharded_lamb else "flat_lamb" if flat_lamb(cfg, core) else "lamb"
-    optimizer = make_optimizer(name, param_groups(core, opt.weight_decay), lr=opt.lr,
-                               betas=(opt.beta1, opt.beta2), eps=opt.epsilon)
-    # after FlatLamb made the parameters views of its buffer; gradient_as_bucket_view stays off,
-    # so DDP copies each reduced bucket into the .grad views in place. ShardedLamb reduce-scatters
-    # the gradients in its step: no DDP
-    model = DistributedDataParallel(core, device_ids=[device] if device.type == "cuda" else None) \
-        if dist.active and not opt.sharded_lamb else core
-    warmup, start = resolve_warmup(opt.warmup_steps, opt.start_warmup_step, opt.max_steps,
-                                   opt.warmup_proportion)
-    scheduler = LinearWarmupPolyDecay(optimizer, warmup, opt.max_steps, start)
-    scaler = DynamicLossScaler(init_scale=opt.init_loss_scale, device=device) \
-        if cfg.train.precision == "fp16" else None
-    if clips_before_allreduce(cfg, dist):  # the hook reads the scaler's scale
-        clip_buckets_before_allreduce(model, opt.max_grad_norm, scaler)
-    stratified = cfg.data.layout == "stratified"
-    dataset = (ShardDataset.from_stratified if stratified else ShardDataset.from_folder)(
-        cfg.data.train_dir)
-    packed = cfg.data.layout == "packed"
-    masks = max_masks_per_row(dataset.max_seq_length, dataset.max_seqs_per_row, dataset.max_pred,
-                              cfg.data.masked_lm_prob) if packed else None
-    loader = ShardLoader(dataset, cfg.train.batch_size, rank=dist.rank,
-                         world_size=dist.world_size, seed=cfg.train.seed,
-                         layout="varlen" if stratified else cfg.data.layout,
-                         prefetch=cfg.data.prefetch, split=cfg.data.loader_split,
-                         masks_per_row=masks, balance=cfg.data.balance)
+    step = build_step(cfg, dist, device, core)
+    plan, scheduler, scaler = step.plan, step.scheduler, step.scaler
+    dataset = layout.dataset(cfg.data.train_dir)
+    loader = layout.loader(cfg, dataset, dist.rank, dist.world_size)
+    batches = DeviceBatches(loader, device, layout.batch_type)
     eval_share, eval_total = load_eval_share(cfg.data.eval_file, dist.rank, dist.world_size)
     report = rank0_printer(dist.rank)
     warn = rank0_printer(dist.rank, "warning: ")
-    if packed and dist.rank == 0:  # the warning's reader: file headers only
-        metas = [packed_meta(path) for path in dataset.files]
-        rate = sum(m["sequences"] for m in metas) / max(sum(m["rows"] for m in metas), 1)
-        if abs(rate - cfg.data.packing_factor) > 0.05 * cfg.data.packing_factor:
-            warn(f"{cfg.data.train_dir}: {rate:.3f} sequences per row, but global_batch_size "
-                 f"counts {cfg.data.packing_factor} (PACKING_FACTOR)")
-    preflight.verify_inputs(dist, device, loader.dataset.files, packed,
-                            cfg.data.eval_file, eval_share, eval_total,
-                            core.config.vocab_size, cfg.data.verify, warn)
+    if dist.rank == 0:
+        for line in layout.warnings(cfg, dataset):
+            warn(line)
+    preflight.verify_inputs(dist, device, dataset.files, dataset.packed, cfg.data.eval_file,
+                            eval_share, eval_total, core.config.vocab_size, cfg.data.verify, warn)
     if eval_total != EVAL_SAMPLES:
         warn(f"{cfg.data.eval_file}: {eval_total} eval samples; MLPerf's eval set has "
              f"{EVAL_SAMPLES:,}")
@@ -195,20 +164,43 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
                               core.config, report, warn)
     seed_everything(cfg.train.seed + dist.rank)  # dropout differs between ranks
 
+    global_batch_size = layout.global_batch_size(cfg)
     log.submission(cfg.train.submission_org, cfg.train.submission_platform,
                    division=cfg.train.submission_division)
     log.event(C.SEED, cfg.train.seed)
     log.hyperparameters({
-        C.GLOBAL_BATCH_SIZE: cfg.global_batch_size,
+        C.GLOBAL_BATCH_SIZE: global_batch_size,
         C.GRADIENT_ACCUMULATION_STEPS: cfg.train.gradient_steps,
         C.MAX_SEQUENCE_LENGTH: loader.max_seq_length,
-        **mlperf_hparams(optimizer, scheduler),
+        **mlperf_hparams(plan.optimizer, scheduler),
         C.EVAL_SAMPLES: eval_total,
     })
-    step = compiled_forward_loss(cfg.train.compile, cfg.train.use_cuda_graph,
-                                 fullgraph=not dist.active)  # DDP splits its graph at buckets
-    return Trainer(cfg, dist, device, core, model, optimizer, scheduler, scaler, loader,
-                   eval_share, log, step)
+    progress = checkpoint.Progress(next_eval=cfg.first_eval(global_batch_size))
+    parts = {"model": checkpoint.ModelWeights(core),
+             "config": checkpoint.Fingerprint(checkpoint.fingerprint(cfg, core)),
+             "optimizer": plan.optimizer, "scheduler": scheduler,
+             **({"scaler": checkpoint.LossScale(scaler)} if scaler is not None else {}),
+             "loader": batches, "progress": progress,
+             "rng": checkpoint.RandomState(dist.rank, cfg.train.seed, progress)}
+    return Trainer(cfg, dist, device, plan, scheduler, scaler, loader, batches, eval_share, log,
+                   global_batch_size, progress,
+                   checkpoint.Checkpointer(parts, cfg.checkpoint, dist, device))
+
+
+def build_step(cfg: RunConfig, dist: distributed.Dist, device: torch.device,
+               core: BertForPreTraining) -> Step:
+    """The step's parts around the one-device model `core`: the kernels FUSED_KERNELS selects,
+    the fp16 loss scaler, the parallelism plan (optimizer, reduction, compile) and the LR
+    schedule."""
+    backend.select(cfg.train.fused_kernels)
+    opt = cfg.optim
+    scaler = DynamicLossScaler(init_scale=opt.init_loss_scale, device=device) \
+        if cfg.train.precision == "fp16" else None
+    plan = parallelize(core, cfg, dist, device, scaler)
+    warmup, start = resolve_warmup(opt.warmup_steps, opt.start_warmup_step, opt.max_steps,
+                                   opt.warmup_proportion)
+    scheduler = LinearWarmupPolyDecay(plan.optimizer, warmup, opt.max_steps, start)
+    return Step(cfg, dist, device, plan, scheduler, scaler)
 
 
 @dataclass(frozen=True)
@@ -228,14 +220,15 @@ class DeviceBatches:
     """The loader's batches, epoch after epoch, as MicroBatches on `device`, one ahead: when a
     micro-batch is handed out, the next one is pinned and copied (non_blocking, on a side stream
     on CUDA) while the step works on this one; on the CPU the same path without the stream.
-    `state_dict()` is the loader's position after the last micro-batch handed out (the one
-    copied ahead is not yet consumed), for checkpoints."""
+    Copying starts at the first micro-batch asked for, so a checkpoint's loader position can be
+    loaded before. `state_dict()` is the loader's position after the last micro-batch handed out
+    (the one copied ahead is not yet consumed): a checkpoint part."""
 
     def __init__(self, loader: ShardLoader, device: torch.device, batch_type: type) -> None:
         self.loader, self.device, self.batch_type = loader, device, batch_type
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.arrays = self._epochs()
-        self.ahead = self._copy()
+        self.arrays: Iterator | None = None
+        self.position = (loader.epoch, loader.position)
 
     def _epochs(self) -> Iterator[tuple[Mapping, tuple[int, int]]]:
         while True:
@@ -256,6 +249,9 @@ class DeviceBatches:
         return MicroBatch(batch.inputs(), counts, host), state
 
     def __next__(self) -> MicroBatch:
+        if self.arrays is None:
+            self.arrays = self._epochs()
+            self.ahead = self._copy()
         micro, self.position = self.ahead
         if self.stream is not None:
             current = torch.cuda.current_stream(self.device)
@@ -270,30 +266,33 @@ class DeviceBatches:
         epoch, position = self.position
         return {**self.loader.state_dict(), "epoch": epoch, "position": position}
 
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from a saved position (rank 0's state: every rank is at the same position of
+        its own part)."""
+        if self.arrays is not None:
+            raise RuntimeError("the loader's position is loaded before the first micro-batch")
+        self.loader.load_state_dict(dict(state, rank=self.loader.rank))
+        self.position = (self.loader.epoch, self.loader.position)
 
-def train_step(trainer: Trainer, micro: list[MicroBatch]) -> torch.Tensor:
+
+def train_step(step: Step, micro: list[MicroBatch]) -> torch.Tensor:
     """One optimizer step over this rank's GRADIENT_STEPS micro-batches. Returns this rank's
     share of the step's loss (a 0-d float64 device tensor; summed over ranks and divided by the
     world size it is the step's loss, module docstring), read by nobody inside the step."""
-    dist, last = trainer.dist, len(micro) - 1
-    # DDP (or ShardedLamb's reduce-scatter) averages gradients over ranks: * world_size makes
-    # that average the global sum
+    dist, plan, last = step.dist, step.plan, len(micro) - 1
+    # the reduction averages gradients over ranks: * world_size makes that average the global sum
     divisors = dist.sum(torch.stack([m.counts for m in micro]).sum(0)).clamp(min=1) \
         / dist.world_size
-    total = torch.zeros((), dtype=torch.float64, device=trainer.device)
+    total = torch.zeros((), dtype=torch.float64, device=step.device)
     for i, m in enumerate(micro):
-        reduce_now = i == last or trainer.model is trainer.core  # DDP reduces on the last one
-        with contextlib.nullcontext() if reduce_now else trainer.model.no_sync():
-            with trainer.autocast():
-                loss = trainer.forward_loss(trainer.model, m.inputs, divisors)
-            (trainer.scaler.scale_loss(loss) if trainer.scaler else loss).backward()
+        with plan.micro_batch(last=i == last):
+            with step.autocast():
+                loss = plan.forward_loss(plan.model, m.inputs, divisors)
+            (step.scaler.scale_loss(loss) if step.scaler else loss).backward()
         total += loss.detach()
-    clipped = clips_before_allreduce(trainer.cfg, dist)  # bucket by bucket, before all-reduce
-    outcome = clipped_step(trainer.optimizer,
-                           None if clipped else trainer.cfg.optim.max_grad_norm or None,
-                           trainer.scaler)
-    trainer.scheduler.step(outcome.ok)
-    trainer.optimizer.zero_grad(set_to_none=True)
+    outcome = clipped_step(plan.optimizer, plan.max_grad_norm, step.scaler)
+    step.scheduler.step(outcome.ok)
+    plan.optimizer.zero_grad(set_to_none=True)
     return total
 
 
@@ -341,61 +340,76 @@ class Stop:
     """Aborted on a non-finite loss: the run fails (exit status 1)."""
 
 
-def run_loop(trainer: Trainer, progress: Callable[[str], None],
-             start: checkpoint.Position | None = None) -> Stop:
-    """Train until a stopping rule fires. `start`: where a resumed run goes on
-    (train/checkpoint.py); None for a fresh run."""
-    cfg = trainer.cfg
-    evaluate = functools.partial(mlm_accuracy, trainer.core, trainer.eval_share,
+def run_loop(trainer: Trainer, report: Callable[[str], None]) -> Stop:
+    """Train from where `trainer.progress` stands (a fresh run's zeros, or a resumed run's
+    counters) until a stopping rule fires."""
+    cfg, progress = trainer.cfg, trainer.progress
+    evaluate = functools.partial(mlm_accuracy, trainer.plan.core, trainer.eval_share,
                                  cfg.train.eval_batch_size, trainer.dist, trainer.device,
                                  trainer.autocast)
-    trainer.batches = DeviceBatches(trainer.loader, trainer.device,
-                                    PackedBatch if cfg.data.layout == "packed" else UnpaddedBatch)
-    step, samples, next_eval = (start.step, start.samples, start.next_eval) if start \
-        else (0, 0, cfg.first_eval)
     blocks = Blocks(trainer.log)
-    blocks.start(samples)
-    trainer.model.train()
+    blocks.start(progress.samples)
+    trainer.plan.model.train()
     interval = Interval(trainer.device)
     while True:
         distributed.raise_if_terminated()
         micro = [next(trainer.batches) for _ in range(cfg.train.gradient_steps)]
         interval.add(train_step(trainer, micro), micro)
-        step += 1
-        samples += sum(m.host.global_sequences for m in micro)
+        progress.step += 1
+        progress.samples += sum(m.host.global_sequences for m in micro)
+        step, samples = progress.step, progress.samples
         logged = bool(cfg.train.log_every) and step % cfg.train.log_every == 0
-        evaluated = samples >= next_eval
+        evaluated = samples >= progress.next_eval
         capped = samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps
         if logged or evaluated or capped:
-            lr_now = trainer.optimizer.param_groups[0]["lr"]
+            lr_now = trainer.plan.optimizer.param_groups[0]["lr"]
             loss, lr, rates = interval.read(trainer.dist, lr_now)
             if not math.isfinite(loss):
-                progress(f"step {step}: non-finite loss {loss}; aborting")
+                report(f"step {step}: non-finite loss {loss}; aborting")
                 blocks.stop(samples)
                 return Stop(C.ABORTED, samples, nonfinite=True)
             if logged:
-                progress(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} {rates}")
+                report(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} {rates}")
                 trainer.log.event(TRAIN_LOSS, loss,
                                   metadata={"samples_count": samples, "step": step, "lr": lr})
         if evaluated:
-            while next_eval <= samples:
-                next_eval += cfg.eval_interval
+            while progress.next_eval <= samples:
+                progress.next_eval += cfg.eval_interval(trainer.global_batch_size)
             accuracy = blocks.evaluate(samples, evaluate)
-            progress(f"eval at {samples} samples: mlm accuracy {accuracy:.4f}")
+            report(f"eval at {samples} samples: mlm accuracy {accuracy:.4f}")
             if accuracy >= cfg.train.target_accuracy:
                 return Stop(C.SUCCESS, samples)
-        checkpoint.maybe_save(trainer, step, samples, next_eval)  # CHECKPOINT_EVERY, and the end
+        trainer.checkpointer.maybe_save(step, last=capped)  # CHECKPOINT_EVERY, and the end
         if capped:
             blocks.stop(samples)
             return Stop(C.ABORTED, samples)
         blocks.start(samples)  # after an eval
 
 
+def resume(trainer: Trainer, report: Callable[[str], None]) -> Path | None:
+    """Init's RESUME_FROM: the checkpoint the run goes on from (its parts loaded), said on the
+    console; None for a fresh start."""
+    path = trainer.checkpointer.resume(report)
+    if path is None:
+        return None
+    p, cfg = trainer.progress, trainer.cfg
+    if p.step >= cfg.optim.max_steps or p.samples >= cfg.train.max_samples_termination:
+        raise UserError(f"checkpoint {path}: the run already ended there (step {p.step}, "
+                        f"{p.samples} samples); nothing to resume")
+    report(f"resuming from {path}: step {p.step}, {p.samples} samples trained, next eval at "
+           f"{p.next_eval} samples")
+    return path
+
+
 def main(cfg: RunConfig) -> int:
-    """A whole MLPerf run; 0 when it ended by a stopping rule, 1 on a non-finite loss. Any
+    """A whole MLPerf run; 0 when it ended by a stopping rule, 1 on a non-finite loss. The
+    configuration is prepared (checked, its layout resolved) before anything is written. Any
     failure after run_start (a dead rank, SIGTERM, an exception) logs run_stop with status
     aborted before it propagates."""
     report = rank0_printer(cfg.dist.rank)
+    cfg = prepare(cfg)
+    for line in run_warnings(cfg):
+        rank0_printer(cfg.dist.rank, "warning: ")(line)
     log = MLPerfLogger(cfg.log_path, rank=cfg.dist.rank, echo=False)
     if log.kept is not None:
         report(f"MLPerf log {cfg.log_path}: the earlier log there is kept as {log.kept}")
@@ -405,13 +419,13 @@ def main(cfg: RunConfig) -> int:
         trainer = setup(cfg, log)
         finished = False
         try:
-            start = checkpoint.resume(trainer, report)  # RESUME_FROM: part of init
-            if start is not None:
-                log.resumed(start.checkpoint, start.step, start.samples)
+            resumed = resume(trainer, report)
+            if resumed is not None:
+                log.resumed(resumed, trainer.progress.step, trainer.progress.samples)
             log.end(C.INIT_STOP)
             log.start(C.RUN_START)
             try:
-                stop = run_loop(trainer, report, start)
+                stop = run_loop(trainer, report)
             except BaseException:
                 log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED})
                 raise
@@ -425,6 +439,6 @@ def main(cfg: RunConfig) -> int:
             finished = True
             return 1 if stop.nonfinite else 0
         finally:
-            trainer.model = trainer.core  # DDP's reducer goes first, while the group is registered
+            trainer.plan.release()  # DDP's reducer goes first, while the group is registered
             if finished:  # the closing barrier would wait for a rank that is gone
                 trainer.dist.close()

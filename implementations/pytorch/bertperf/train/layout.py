@@ -1,0 +1,117 @@
+"""The run's batch layout (LAYOUT: varlen, packed or stratified), resolved once from the training
+folder and the config: it builds the training set and its loader, names the batch class the step
+takes, and says how MLPerf counts a step's sequences (docs/design.md, "The trainer's junction")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bertperf.config import RunConfig
+from bertperf.data.collate import max_masks_per_row
+from bertperf.data.dataset import ShardDataset
+from bertperf.data.loader import ShardLoader
+from bertperf.errors import UserError
+from bertperf.formats import detect
+from bertperf.formats.packed import packed_meta
+from bertperf.model.batch import PackedBatch, UnpaddedBatch
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way of batching the training shards (an entry of LAYOUTS)."""
+
+    name: str
+    """LAYOUT's value."""
+    holds: str
+    """What the training folder holds for it (in messages)."""
+    batch_type: type
+    """The model's input class its micro-batches become (bertperf.model.batch)."""
+    fixed_shapes: bool
+    """Every tensor of the step keeps one shape for the whole run (COMPILE and CUDA graphs need
+    it)."""
+    stratified: bool = False
+    """The folder is a `prep stratify` output, read bin by bin (data/order.py StratifiedPlan)."""
+
+    def dataset(self, folder: Path) -> ShardDataset:
+        return (ShardDataset.from_stratified if self.stratified else ShardDataset.from_folder)(
+            folder)
+
+    def loader(self, cfg: RunConfig, dataset: ShardDataset, rank: int,
+               world_size: int) -> ShardLoader:
+        """This rank's loader over `dataset` with the run's batch size, order and balance."""
+        masks = max_masks_per_row(dataset.max_seq_length, dataset.max_seqs_per_row,
+                                  dataset.max_pred, cfg.data.masked_lm_prob) \
+            if dataset.packed else None
+        return ShardLoader(dataset, cfg.train.batch_size, rank=rank, world_size=world_size,
+                           seed=cfg.train.seed, prefetch=cfg.data.prefetch,
+                           split=cfg.data.loader_split, masks_per_row=masks,
+                           balance=cfg.data.balance)
+
+    def sequences_per_row(self, cfg: RunConfig) -> float:
+        """How many sequences MLPerf's global_batch_size counts per row (PACKING_FACTOR for packed
+        rows, else 1)."""
+        return cfg.data.packing_factor if self.name == "packed" else 1.0
+
+    def global_batch_size(self, cfg: RunConfig) -> int:
+        """Sequences per optimizer step as MLPerf's global_batch_size counts them."""
+        return round(cfg.rows_per_step * self.sequences_per_row(cfg))
+
+    def warnings(self, cfg: RunConfig, dataset: ShardDataset) -> list[str]:
+        """What the data says against the settings (file headers only): packed rows holding
+        another average than PACKING_FACTOR."""
+        if not dataset.packed:
+            return []
+        metas = [packed_meta(path) for path in dataset.files]
+        rate = sum(m["sequences"] for m in metas) / max(sum(m["rows"] for m in metas), 1)
+        if abs(rate - cfg.data.packing_factor) <= 0.05 * cfg.data.packing_factor:
+            return []
+        return [f"{cfg.data.train_dir}: {rate:.3f} sequences per row, but global_batch_size "
+                f"counts {cfg.data.packing_factor} (PACKING_FACTOR)"]
+
+
+LAYOUTS = {
+    "varlen": Layout("varlen", "unpadded", UnpaddedBatch, fixed_shapes=False),
+    "packed": Layout("packed", "packed", PackedBatch, fixed_shapes=True),
+    "stratified": Layout("stratified", "length-stratified", UnpaddedBatch, fixed_shapes=False,
+                         stratified=True),
+}
+
+_BY_KIND = {detect.UNPADDED: "varlen", detect.PACKED: "packed"}
+
+
+def layout_of(cfg: RunConfig) -> Layout:
+    """The Layout of a configuration `resolve` has returned."""
+    if cfg.data.layout is None:
+        raise ValueError("the layout is not resolved yet (train.layout.resolve)")
+    return LAYOUTS[cfg.data.layout]
+
+
+def first_shard(train_dir: Path) -> Path:
+    """The first training shard of DATADIR_PHASE2 (of its first bin, for a stratify output)."""
+    if ShardDataset.is_stratified(train_dir):
+        return ShardDataset.from_stratified(train_dir).files[0]
+    return detect.sample_files(train_dir, "training")[0]
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """The configuration with LAYOUT set to what the training folder holds (when unset) and
+    checked against it and against the settings that need one layout."""
+    first = first_shard(cfg.data.train_dir)
+    kind = detect.header(first).kind
+    holds = "stratified" if ShardDataset.is_stratified(cfg.data.train_dir) else _BY_KIND.get(kind)
+    if holds is None:
+        raise UserError(f"{first}: a {kind} file; training reads unpadded shards (prep unpad) or "
+                        "packed ones (prep pack), which both make from this one")
+    layout = LAYOUTS[cfg.data.layout or holds]
+    if layout.name != holds:
+        raise UserError(f"LAYOUT={layout.name}, but {cfg.data.train_dir} holds "
+                        f"{LAYOUTS[holds].holds} shards (prep pack makes packed shards from "
+                        "unpadded ones, --unpack the reverse; prep stratify makes "
+                        "length-stratified ones)")
+    if (layout.name == "packed" or layout.stratified) and cfg.data.loader_split != "global_batch":
+        why = "counts each global batch's sequences on every rank" if layout.name == "packed" \
+            else "composes each global batch from every length bin"
+        raise UserError(f"LAYOUT={layout.name} {why}: it needs LOADER_SPLIT=global_batch, not "
+                        f"{cfg.data.loader_split}")
+    return replace(cfg, data=replace(cfg.data, layout=layout.name))
