@@ -8,7 +8,7 @@ that cannot be written and a missing data folder each stop a launch with one lin
 file.
 
 The job is config_CPU_1x2x32x1.sh (2 ranks, gloo) with its data and length swapped for the copy
-task of tests/unit/test_train.py, as in tests/e2e/test_launch.py: a config file sourcing it and
+task (tests/support/copy_task.py), as in tests/e2e/test_launch.py: a config file sourcing it and
 exporting the shorter run (run_with_docker.sh sources the config, so its values win over the
 environment's)."""
 
@@ -24,20 +24,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.launch import assert_compliant, data, job_env  # noqa: F401
+from tests.support.mlperf_logs import events
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.scripts import CONFIG, LAUNCH_VARS
 from tests.support.slurm_cluster import SlurmCluster
-from tests.e2e.test_launch import assert_compliant, job_env
-from tests.e2e.test_train_compliance import events
-from tests.e2e.test_train_ddp import free_port
-from tests.unit.test_scripts import LAUNCH_VARS
-from tests.unit.test_train import add_manifests, make_dataset
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 CONTAINERS_CONF = ROOT / "container" / "containers.conf"
 IMAGE = "localhost/bertperf:cpu"
 # the copy task's model config, from the eval folder's mount (make_dataset writes it beside the
-# eval file); the rest as tests/e2e/test_launch.py's job_env shortens config_CPU's run
+# eval file); the rest as tests/support/launch.py's job_env shortens config_CPU's run
 BERT_CONFIG = "/workspace/evaldata/bert_config.json"
 SHORT_RUN = {"BATCHSIZE": "8", "LR": "0.02", "MAX_STEPS": "300", "WARMUP_STEPS": "0",
              "EVAL_ITER_START_SAMPLES": "320", "EVAL_ITER_SAMPLES": "320",
@@ -69,15 +68,9 @@ def image() -> str:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict:
-    return add_manifests(make_dataset(tmp_path_factory.mktemp("container") / "data",
-                                      n_train=512))
-
-
-@pytest.fixture(scope="module")
 def config(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("config") / "config_CPU_test.sh"
-    path.write_text(f'source "{ROOT / "config_CPU_1x2x32x1.sh"}"\n'
+    path.write_text(f'source "{CONFIG}"\n'
                     + "".join(f"export {k}={v}\n" for k, v in SHORT_RUN.items()))
     return path
 

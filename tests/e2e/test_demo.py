@@ -5,15 +5,13 @@ full-length demo is `make demo` (measured in docs/performance.md)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.e2e.test_launch import CONFIG, ROOT
-from tests.e2e.test_train_compliance import PYTHONPATH, checker, events
-from tests.unit.test_scripts import LAUNCH_VARS, config_env
+from tests.support.demo import demo_env
+from tests.support.mlperf_logs import checker, events
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +21,8 @@ def test_prepare_demo_and_a_short_demo_run(demo_data, tmp_path):
     assert "12014 articles" in prep.stdout and "verify: " in prep.stdout
     assert "0 problem(s)" in prep.stdout
 
-    run_env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS},
-               **config_env(CONFIG), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH,
-               "DATADIR_PHASE2": str(out / "unpadded"),
-               "EVAL_FILE": str(out / "hdf5" / "eval" / "eval_10k.hdf5"),
-               "LOGDIR": str(tmp_path / "results"), "SEED": "1", "CLEAR_CACHES": "0",
-               "MAX_SAMPLES_TERMINATION": "1280", "EVAL_ITER_START_SAMPLES": "1280",
-               "LOG_FREQ": "10"}
+    run_env = demo_env(out, tmp_path / "results", MAX_SAMPLES_TERMINATION="1280",
+                       EVAL_ITER_START_SAMPLES="1280", LOG_FREQ="10")
     run = subprocess.run(["bash", str(ROOT / "run_and_time.sh")], env=run_env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

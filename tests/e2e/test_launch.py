@@ -1,9 +1,9 @@
-"""The launch scripts for real: `sbatch run.sub` on a local Slurm cluster (tests/support/
-slurm_cluster.py), `run_and_time.sh` starting its ranks with torchrun, with mpirun and with srun
-from a batch script, every config through `run_and_time.sh --check`, and the early one-line
-errors. Every run uses config_CPU_1x2x32x1.sh (2 ranks, gloo) with its data and length swapped for
-the copy task of tests/unit/test_train.py, so a run takes seconds; the logs must pass the MLPerf
-compliance checker."""
+"""The launch scripts for real: `sbatch run.sub` on a local Slurm cluster
+(tests/support/slurm_cluster.py), `run_and_time.sh` starting its ranks with torchrun, with mpirun
+and with srun from a batch script, every config through `run_and_time.sh --check`, and the early
+one-line errors. Every run uses config_CPU_1x2x32x1.sh (2 ranks, gloo) with its data and length
+swapped for the copy task (tests/support/launch.py), so a run takes seconds; the logs must pass the
+MLPerf compliance checker."""
 
 from __future__ import annotations
 
@@ -16,45 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.copy_task import make_dataset, packed_copy
+from tests.support.launch import assert_compliant, data, job_env  # noqa: F401
+from tests.support.mlperf_logs import events
+from tests.support.net import free_port
+from tests.support.paths import ROOT
+from tests.support.scripts import LAUNCH_VARS, config_env, run_and_time
 from tests.support.slurm_cluster import SlurmCluster
-from tests.e2e.test_train_compliance import checker, events
-from tests.e2e.test_train_ddp import free_port
-from tests.unit.test_scripts import LAUNCH_VARS, config_env, run_and_time
-from tests.unit.test_train import add_manifests, make_dataset, packed_copy
-
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "config_CPU_1x2x32x1.sh"
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict:
-    return add_manifests(make_dataset(tmp_path_factory.mktemp("launch") / "data", n_train=512))
-
-
-def job_env(data: dict, logdir: Path, **extra: str) -> dict:
-    """config_CPU's variables, the copy task instead of the demo corpus, this Python."""
-    base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    return {**base, **config_env(CONFIG), **data, "PYTHON": sys.executable, "LOGDIR": str(logdir),
-            "BATCHSIZE": "8", "LR": "0.02", "MAX_STEPS": "300", "WARMUP_STEPS": "0",
-            "EVAL_ITER_START_SAMPLES": "320", "EVAL_ITER_SAMPLES": "320",
-            "MAX_SAMPLES_TERMINATION": "20000", "TARGET_MLM_ACCURACY": "0.72",
-            "EVAL_BATCHSIZE": "64", "LOG_FREQ": "20", "SEED": "0", "DIST_TIMEOUT": "60",
-            **extra}
-
-
-def mllog_values(log: Path) -> dict:
-    ev = events(log)
-    return {"acc": [e["value"] for e in ev if e["key"] == "eval_accuracy"],
-            "status": [e["metadata"]["status"] for e in ev if e["key"] == "run_stop"],
-            "gbs": [e["value"] for e in ev if e["key"] == "global_batch_size"]}
-
-
-def assert_compliant(log: Path) -> dict:
-    check = checker(log)
-    assert "SUCCESS" in check.stderr, check.stderr[-3000:]
-    values = mllog_values(log)
-    assert values["status"] == ["success"] and values["gbs"] == [16]
-    return values
 
 
 # ---- Slurm --------------------------------------------------------------------------------------

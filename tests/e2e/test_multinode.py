@@ -3,8 +3,8 @@ controller (tests/support/netns_cluster.py). `sbatch -N2 run.sub` with config_CP
 on 2 ranks a node (4 in all, gloo across the nodes' addresses) and its log passes the compliance
 checker; `mpirun` starts the same job across the two namespaces; cutting one node's link in the
 middle of a run ends the job within the collective timeout with an error naming the lost ranks, and
-the last checkpoint then resumes to a compliant finish. The copy task of test_launch.py keeps each
-run to seconds."""
+the last checkpoint then resumes to a compliant finish. The copy task of tests/support/launch.py
+keeps each run to seconds."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.launch import assert_compliant, data, job_env  # noqa: F401
+from tests.support.mlperf_logs import events
+from tests.support.net import free_port
 from tests.support.netns_cluster import NetnsSlurmCluster, netns_cluster  # noqa: F401
-from tests.e2e.test_launch import ROOT, assert_compliant, data, job_env  # noqa: F401
-from tests.e2e.test_train_compliance import events
-from tests.e2e.test_train_ddp import free_port
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 

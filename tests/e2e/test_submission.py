@@ -1,11 +1,11 @@
 """A submission from 10 real tiny training runs: `bertperf submission` assembles it and
 `bertperf check --submission` passes it with the official checkers (ruleset 5.0.0).
 
-The runs are those of tests/e2e/test_train_compliance.py (its train() helper: the copy task, GBS
-16, an eval every 320 samples), with seeds 1..10 (the seed checker wants a distinct seed per run).
-Measured 2026-11-22 on a 2-core box: each reaches the 0.720 target after 2,240-2,880 samples.
-OMP_NUM_THREADS=1 matters: the tiny model is ~3x slower with 2 intra-op threads than with 1, so
-two single-threaded runs at a time finish all 10 in ~90 s.
+The runs are those of tests/e2e/test_train_compliance.py (tests/support/runs.py's train(): the copy
+task, GBS 16, an eval every 320 samples), with seeds 1..10 (the seed checker wants a distinct seed
+per run). Measured 2026-11-22 on a 2-core box: each reaches the 0.720 target after 2,240-2,880
+samples. OMP_NUM_THREADS=1 matters: the tiny model is ~3x slower with 2 intra-op threads than with
+1, so two single-threaded runs at a time finish all 10 in ~90 s.
 
 Global batch size 16 is not in the BERT RCP table (its smallest is 256), so the RCP check fails
 with "Missing RCP, please submit RCP with BS = 16"; the package passes only with the RCP bypass,
@@ -22,8 +22,8 @@ import pytest
 
 pytest.importorskip("mlperf_logging")
 
-from tests.e2e.test_train_compliance import train  # noqa: E402
-from tests.unit.test_check import cli  # noqa: E402
+from tests.support.cli import cli  # noqa: E402
+from tests.support.runs import train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -1,50 +1,19 @@
 """Real tiny runs of `python -m bertperf train` whose MLPerf logs pass the compliance checker.
 
-The data is the copy task of tests/unit/test_train.py (every token of a sequence is one word; the
-masked ones are to be read off the others). With seed 0, LR 0.02, MAX_STEPS 600, 16-sequence
-batches and an eval every 320 samples, the tiny model's eval accuracy (measured 2026-11-22) climbs
-0.066 (1,280 samples; chance 1/32), 0.129, 0.453, 0.606, 0.734 (2,560), so it reaches MLPerf's own
-target, 0.720, at an eval well below 1.0 (the checker rejects 1.0); frequent evals keep the
-crossing value near the target even if float rounding on another CPU shifts the curve a little."""
+The data is the copy task of tests/support/copy_task.py (every token of a sequence is one word; the
+masked ones are to be read off the others). With seed 0, LR 0.02, MAX_STEPS 600, 16-sequence batches
+and an eval every 320 samples, the tiny model's eval accuracy (measured 2026-11-22) climbs 0.066
+(1,280 samples; chance 1/32), 0.129, 0.453, 0.606, 0.734 (2,560), so it reaches MLPerf's own target,
+0.720, at an eval well below 1.0 (the checker rejects 1.0); frequent evals keep the crossing value
+near the target even if float rounding on another CPU shifts the curve a little. The run is
+tests/support/runs.py's train()."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-
-from bertperf.benchmark import RULESET
-from tests.unit.test_train import make_dataset
-
-ROOT = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join([str(ROOT / "implementations" / "pytorch"), str(ROOT)])
-
-
-def train(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
-    data = make_dataset(tmp_path / "data")
-    log = tmp_path / "result_0.txt"
-    full = {**{k: v for k, v in os.environ.items()
-               if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")},
-            **data, "PYTHONPATH": PYTHONPATH, "BATCHSIZE": "16", "LR": "0.02", "MAX_STEPS": "600",
-            "EVAL_ITER_SAMPLES": "320", "SEED": "0", "LOG_FREQ": "20", "MLLOG_FILE": str(log),
-            "LOGDIR": str(tmp_path), **env}
-    run = subprocess.run([sys.executable, "-m", "bertperf", "train"], env=full, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
-    return run, log
-
-
-def events(log: Path) -> list[dict]:
-    return [json.loads(l.split(":::MLLOG ", 1)[1]) for l in log.read_text().splitlines()
-            if ":::MLLOG " in l]
-
-
-def checker(log: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
-                           "training", "--ruleset", RULESET, "--log_output",
-                           str(log) + ".checker", str(log)], capture_output=True, text=True)
+from tests.support.mlperf_logs import checker, events
+from tests.support.runs import train
 
 
 def test_converging_run_passes_the_checker(tmp_path):

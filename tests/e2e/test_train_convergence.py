@@ -14,42 +14,17 @@ docs/performance.md."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.demo import pack
-from tests.e2e.test_launch import CONFIG, ROOT
-from tests.e2e.test_train_compliance import PYTHONPATH, events
-from tests.unit.test_scripts import LAUNCH_VARS, config_env
+from tests.support.demo import pack, samples_to_target
 
 pytestmark = pytest.mark.slow
 
 TARGET = {"TARGET_MLM_ACCURACY": "0.10", "EVAL_ITER_START_SAMPLES": "9600",
           "EVAL_ITER_SAMPLES": "800"}
 PACKED = {"BATCHSIZE": "18", "PACKING_FACTOR": "1.76"}  # 2 x 18 rows: about 64 sequences a step
-
-
-def samples_to_target(demo: Path, out: Path, timeout: float = 600,
-                      **extra: str) -> tuple[int, list[float]]:
-    """One demo run through run_and_time.sh to its target: (train_samples, the eval curve)."""
-    out.mkdir(parents=True)
-    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS},
-           **config_env(CONFIG), "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH,
-           "DATADIR_PHASE2": str(demo / "unpadded"),
-           "EVAL_FILE": str(demo / "hdf5" / "eval" / "eval_10k.hdf5"), "LOGDIR": str(out),
-           "SEED": "1", "CLEAR_CACHES": "0", **extra}
-    run = subprocess.run(["bash", str(ROOT / "run_and_time.sh")], env=env, cwd=out.parent,
-                         capture_output=True, text=True, timeout=timeout)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    log = events(out / "result_1.txt")
-    stop = next(e for e in log if e["key"] == "run_stop")
-    assert stop["metadata"]["status"] == "success", run.stderr[-3000:]
-    accuracies = [round(e["value"], 4) for e in log if e["key"] == "eval_accuracy"]
-    return next(e["value"] for e in log if e["key"] == "train_samples"), accuracies
 
 
 @pytest.fixture(scope="module")

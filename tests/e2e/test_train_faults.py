@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.e2e.test_train_ddp import base_env, free_port
-from tests.unit.test_train import (MAX_PRED, VOCAB, add_manifests, copy_task, make_dataset,
-                                   tiny_bert_config)
+from tests.support.copy_task import (MAX_PRED, VOCAB, add_manifests, copy_task, make_dataset,
+                                     tiny_bert_config)
+from tests.support.net import free_port
+from tests.support.runs import base_env
 
 TRAIN = [sys.executable, "-m", "bertperf", "train"]
 LAUNCH = [sys.executable, "-m", "bertperf", "launch"]

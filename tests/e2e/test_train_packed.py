@@ -18,9 +18,11 @@ import torch
 from bertperf.bench.loader import synthetic_packed, synthetic_samples
 from bertperf.formats.packed import read_packed, write_packed
 from bertperf.formats.padded import write_samples
-from tests.e2e.test_train_compliance import checker
-from tests.e2e.test_train_ddp import _RANK_VARS, PYTHONPATH, free_port, launch
-from tests.unit.test_step_audits import tiny_config
+from tests.support.mlperf_logs import checker
+from tests.support.net import free_port
+from tests.support.packed import tiny_config
+from tests.support.paths import PYTHONPATH
+from tests.support.runs import RANK_VARS, launch
 
 L, MAX_PRED, VOCAB = 64, 6, 1100
 ROWS, GA, STEPS = 8, 2, 30  # rows per step over all ranks
@@ -40,7 +42,7 @@ def data(tmp_path_factory) -> dict:
 
 
 def env_for(data: dict, out: Path, world: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
     return {**env, **data, "PYTHONPATH": PYTHONPATH, "BATCHSIZE": str(ROWS // GA // world),
             "GRADIENT_STEPS": str(GA), "LR": "0.005", "MAX_STEPS": str(STEPS), "SEED": "2",
             "EVAL_ITER_SAMPLES": "150", "TARGET_MLM_ACCURACY": "0.99", "LOG_FREQ": "1",

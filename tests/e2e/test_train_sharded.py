@@ -2,7 +2,7 @@
 half of the run matches a 1-rank run over the same global batches, and its checkpoint (whole
 tensors, gathered from the ranks' shards) resumes with the replicated optimizer (FlatLamb under
 DDP) to the 1-rank run's final weights, and on 1 and 4 ranks (BATCHSIZE x WORLD_SIZE kept) too.
-The data and the 1-rank run are test_train_ddp's."""
+The data and the 1-rank run are test_train_ddp's (tests/support/ddp.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.e2e.test_train_ddp import (GLOBAL_BATCH, STEPS, base_env, data, free_port,  # noqa: F401
-                                      launch, single)
+from tests.support.ddp import data, single  # noqa: F401
+from tests.support.net import free_port
+from tests.support.runs import GLOBAL_BATCH, STEPS, base_env, launch
 
 
 def two_ranks(files: dict, out: Path, world: int = 2, **extra: str) -> tuple[list[float], Path]:

@@ -15,11 +15,11 @@ import pytest
 from bertperf.model.bert_config import BertConfig
 from bertperf.benchmark import INIT_ACCURACY
 from bertperf.train.warmstart import sanity_eval
-from tests.e2e.test_train_compliance import PYTHONPATH, events
-from tests.e2e.test_train_ddp import base_env
-from tests.unit.test_train import make_dataset
+from tests.support.copy_task import make_dataset
+from tests.support.mlperf_logs import events
+from tests.support.paths import PYTHONPATH, TF_CKPT as FIXTURE
+from tests.support.runs import base_env
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tf_ckpt"
 PREFIX = FIXTURE / "model.ckpt-7"
 
 

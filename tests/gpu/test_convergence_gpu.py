@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.demo import pack, prepare_demo
-from tests.e2e.test_train_convergence import samples_to_target
+from tests.support.demo import pack, prepare_demo, samples_to_target
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

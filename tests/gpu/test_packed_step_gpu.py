@@ -1,8 +1,8 @@
 """The packed training step on CUDA, what the CPU tests cannot show: no host synchronisation in 12
-steps of the real loop outside its reports (torch.cuda.set_sync_debug_mode("error")), with
-either LAMB (FLAT_LAMB), and the micro-step compiled with inductor (COMPILE=inductor) and
-replayed as CUDA graphs (USE_CUDA_GRAPH=1) giving the eager step's losses. Same shards and tiny
-model as tests/unit/test_step_audits.py. Skipped without CUDA."""
+steps of the real loop outside its reports (torch.cuda.set_sync_debug_mode("error")), with either
+LAMB (FLAT_LAMB), and the micro-step compiled with inductor (COMPILE=inductor) and replayed as CUDA
+graphs (USE_CUDA_GRAPH=1) giving the eager step's losses. Same shards and tiny model as
+tests/unit/test_step_audits.py (tests/support/packed.py). Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.test_step_audits import packed_env, tiny_config, trainer_for  # noqa: F401
+from tests.support.packed import packed_env, tiny_config, trainer_for  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

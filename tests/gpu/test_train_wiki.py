@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.test_scripts import LAUNCH_VARS, config_env
+from tests.support.paths import ROOT
+from tests.support.scripts import LAUNCH_VARS, config_env
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-ROOT = Path(__file__).resolve().parents[2]
 WIKI = ROOT / "out" / "wiki_sample"
 STEPS = 300
 PROGRESS = re.compile(r"^step (\d+) samples (\d+) loss ([\d.]+) lr \S+ seq/s ([\d.]+) "

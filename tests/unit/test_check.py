@@ -21,6 +21,8 @@ import pytest
 from bertperf.errors import UserError
 from bertperf.mlperf import check as C  # noqa: N812
 from bertperf.mlperf.check import BYPASS, FAIL, PASS, WARN, Result
+from tests.support.cli import cli
+from tests.support.paths import ROOT
 
 # ---- captured outputs ----------------------------------------------------------------------------
 
@@ -560,14 +562,6 @@ def test_ruleset_matches_the_logger():
 
 # ---- command line --------------------------------------------------------------------------------
 
-def cli(argv, capsys):
-    """What `python -m bertperf <argv>` returns and prints."""
-    from bertperf.__main__ import main
-    rc = main(argv)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
 def test_check_needs_something(capsys):
     assert cli(["check"], capsys) == (
         1, "", "bertperf: error: nothing to check: give --logs, --results or --submission\n")
@@ -670,8 +664,7 @@ def test_submission_refuses_bad_names(tmp_path, capsys, flag, value):
 def test_relative_paths_and_the_committed_results_pass(capsys, monkeypatch):
     """The tools run in a scratch folder: a path relative to the caller must still be found.
     The logs in results/ (real runs) must keep passing."""
-    root = Path(__file__).resolve().parents[2]
-    monkeypatch.chdir(root)
+    monkeypatch.chdir(ROOT)
     logs = sorted(Path("results").glob("*/bert/result_*.txt"))
     assert len(logs) == 10
     rc, out, err = cli(["check", "--logs", *map(str, logs)], capsys)
@@ -689,14 +682,13 @@ def test_paths_from_any_folder_leave_it_untouched(tmp_path, capsys, monkeypatch,
     """`submission` and `check` run from a folder that is neither the repository's nor the tools'
     scratch folder: every path flag works relative to it or absolute, and the folder ends up with
     the inputs and the submission only (the checkers' own log files go to the scratch folder)."""
-    root = Path(__file__).resolve().parents[2]
     work = tmp_path / "work"
     runs = work / "runs" / "sys1" / "bert"
     runs.mkdir(parents=True)
-    for log in sorted(root.glob("results/*/bert/result_*.txt")):
+    for log in sorted(ROOT.glob("results/*/bert/result_*.txt")):
         shutil.copy(log, runs / log.name)
     assert len(list(runs.iterdir())) == 10
-    shutil.copy(root / "config_CPU_1x2x32x1.sh", work / "config_CPU_1x2x32x1.sh")
+    shutil.copy(ROOT / "config_CPU_1x2x32x1.sh", work / "config_CPU_1x2x32x1.sh")
     inputs = _tree(work)
     monkeypatch.chdir(work)
 

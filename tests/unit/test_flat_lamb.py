@@ -18,7 +18,7 @@ from torch import nn
 from bertperf.kernels import backend
 from bertperf.optim import (FlatLamb, Lamb, LinearWarmupPolyDecay, clipped_step, lr_at,
                             make_optimizer, param_groups)
-from tests.unit.test_checkpoint import PYTHONPATH
+from tests.support.paths import PYTHONPATH
 from tests.unit.test_kernels import tiny_bert
 
 

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("mlperf_logging")
 from mlperf_logging.mllog import constants as C  # noqa: E402, N812
 
-from bertperf.benchmark import RULESET  # noqa: E402
 from bertperf.mlperf.log import RESUMED, Blocks, MLPerfLogger  # noqa: E402
+from tests.support.mlperf_logs import checker  # noqa: E402
 
 
 def write_run(path, accuracy: float, status: str, resumed: bool = False) -> MLPerfLogger:
@@ -47,16 +47,10 @@ def events(path) -> list[dict]:
     return [json.loads(l.split(":::MLLOG ", 1)[1]) for l in path.read_text().splitlines()]
 
 
-def check(path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
-                           "training", "--ruleset", RULESET, "--log_output",
-                           str(path) + ".checker", str(path)], capture_output=True, text=True)
-
-
 def test_log_passes_compliance_checker(tmp_path):
     path = tmp_path / "result_0.txt"
     write_run(path, 0.7215, C.SUCCESS)
-    run = check(path)
+    run = checker(path)
     assert "SUCCESS" in run.stderr, run.stderr[-2000:]
     lines = events(path)
     seed = next(l for l in lines if l["key"] == C.SEED)
@@ -68,7 +62,7 @@ def test_checker_rejects_a_run_below_target(tmp_path):
     """The checker is a real check: the same log with accuracy 0.70 fails."""
     path = tmp_path / "result_0.txt"
     write_run(path, 0.70, C.ABORTED)
-    assert "FAILED" in check(path).stderr
+    assert "FAILED" in checker(path).stderr
 
 
 def test_other_ranks_write_nothing(tmp_path):
@@ -86,7 +80,7 @@ def test_unencodable_values_raise(tmp_path):
 def test_a_resumed_run_passes_the_checker(tmp_path):
     path = tmp_path / "result_0.txt"
     write_run(path, 0.7215, C.SUCCESS, resumed=True)
-    run = check(path)
+    run = checker(path)
     assert "SUCCESS" in run.stderr, run.stderr[-2000:]
     resumed = [e for e in events(path) if e["key"] == RESUMED]
     assert [(e["value"], e["metadata"]["step"], e["metadata"]["samples_count"]) for e in resumed] \
@@ -120,7 +114,7 @@ def test_a_second_run_starts_a_fresh_log_and_keeps_the_first(tmp_path):
     second = write_run(path, 0.7301, C.SUCCESS)
     assert second.kept == tmp_path / "result_0.txt.1" and second.kept.read_text() == first
     for log in (path, second.kept):
-        assert "SUCCESS" in check(log).stderr, check(log).stderr[-2000:]
+        assert "SUCCESS" in checker(log).stderr, checker(log).stderr[-2000:]
         assert [e["key"] for e in events(log)].count(C.SUBMISSION_DIVISION) == 1
     (tmp_path / "result_0.txt.7").write_text("an older kept log\n")
     third = write_run(path, 0.7401, C.SUCCESS)

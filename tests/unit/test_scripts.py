@@ -19,22 +19,13 @@ from pathlib import Path
 import pytest
 
 from tests.support import reaper
+from tests.support.paths import ROOT
+from tests.support.scripts import CONFIG, config_env, run_and_time
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted([*ROOT.glob("*.sh"), ROOT / "run.sub", ROOT / ".ci" / "run",
                   *ROOT.glob("data_prep/*.sh"), *ROOT.glob("compliance/*.sh"),
                   *ROOT.glob("container/*.sh")])
 DGX_CONFIGS = sorted(ROOT.glob("config_DGX*x*.sh"))
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
-               "SLURM_LOCALID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-               "OMPI_COMM_WORLD_LOCAL_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
-
-
-def config_env(path: Path, env: dict | None = None) -> dict:
-    """The variables a config file exports (sourced by bash, as a user does)."""
-    out = subprocess.run(["bash", "-c", f'set -a; source "{path}"; env -0'], cwd=ROOT,
-                         capture_output=True, check=True, env=env)
-    return dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
 
 
 def make_executable(path: Path, text: str) -> Path:
@@ -76,7 +67,7 @@ def test_configs_leave_mlperf_constants_to_the_trainer():
         assert not {"TARGET_MLM_ACCURACY", "EVAL_ITER_SAMPLES", "EVAL_ITER_START_SAMPLES",
                     "SUBMISSION_DIVISION"} & set(env), path.name
         assert env["NEXP"] == str(RESULT_COUNT), path.name
-    demo = config_env(ROOT / "config_CPU_1x2x32x1.sh", clean_env())
+    demo = config_env(CONFIG, clean_env())
     assert demo["SUBMISSION_DIVISION"] == OPEN
     assert float(demo["TARGET_MLM_ACCURACY"]) != TARGET_ACCURACY
 
@@ -184,11 +175,6 @@ def standins(tmp_path) -> dict:
                      EVAL_FILE="eval.hdf5", DGXNGPU="2", SEED="7", CLEAR_CACHES="1",
                      MLLOG_FILE=str(tmp_path / "result.txt"), STUB_TRAIN="stop",
                      MASTER_ADDR="127.0.0.1")
-
-
-def run_and_time(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "run_and_time.sh"), *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
 
 
 def ran(run: subprocess.CompletedProcess) -> list[str]:

@@ -1,0 +1,12 @@
+"""A free TCP port on localhost, for a rendezvous (MASTER_PORT) that must not collide with
+another test's."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
