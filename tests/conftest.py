@@ -1,6 +1,7 @@
 """Shared fixtures. The MLPerf vocab is found as the demo finds it (bertperf.resources.find_vocab:
-$BERTPERF_VOCAB, ../shared beside the checkout, or the PyPI package `make setup` installs); the
-Wikipedia sample exists only in ../shared, and the tests that need it skip without it."""
+$BERTPERF_VOCAB, or the PyPI package `make setup` installs), the developers' copy in ../shared
+beside the checkout being $BERTPERF_VOCAB where that is unset; the Wikipedia sample exists only
+in ../shared, and the tests that need it skip without it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.support import reaper
-from tests.support.paths import WIKI_SAMPLE
+from tests.support.paths import SHARED, WIKI_SAMPLE
 
 GPU_TESTS = Path(__file__).resolve().parent / "gpu"
 
@@ -25,10 +26,14 @@ def pytest_configure(config):
     """Triton decides when it is imported whether kernels, its own language library included, are
     interpreted, and torch imports it early (torch._dynamo). The CPU tests interpret the kernels
     (tests/unit/test_triton_kernels.py), so the choice is made here, before any test module
-    loads, for every run but one of tests/gpu alone (`make gpu-check`), which needs them compiled."""
+    loads, for every run but one of tests/gpu alone (`make gpu-check`), which needs them compiled.
+    The developers' vocab beside the checkout is $BERTPERF_VOCAB where that is unset."""
     paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
     if not paths or not all(path.is_relative_to(GPU_TESTS) for path in paths):
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    developers_vocab = SHARED / "data" / "vocab" / "vocab.txt"
+    if not os.environ.get("BERTPERF_VOCAB") and developers_vocab.is_file():
+        os.environ["BERTPERF_VOCAB"] = str(developers_vocab)
 
 
 def pytest_collection_modifyitems(config, items):

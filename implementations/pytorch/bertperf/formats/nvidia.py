@@ -1,25 +1,11 @@
 """NVIDIA's HDF5 layouts (their MLPerf BERT `input_preprocessing/`), read into and written from
-bertperf's types (../shared/docs/nvidia_mlperf_bert_facts.md §4.8, data_prep_facts.md §A2.4-5).
-
-Variable-length files (convert_fixed2variable.py; also their eval file
-`eval_varlength/part_eval_10k.hdf5`), one entry per sample:
-  input_ids vlen int16, segment_ids vlen int8, masked_lm_positions vlen int16,
-  masked_lm_ids vlen int16, next_sentence_labels int8 [N]; no input_mask.
-
-Packed training files (create_packed_trainset.py, `part_XXXXX` without a suffix), one entry per
-row of up to 3 sequences:
-  input_ids vlen int16             the row's sequences back to back
-  segment_ids vlen int8            each sequence's own 0s then 1s
-  packed_input_len vlen int16      the sequences' lengths
-  masked_lm_positions vlen int16   relative to the ROW (offset by the preceding sequences' lengths)
-  masked_lm_ids vlen int16
-  packed_masked_lm_len vlen int16  masked positions per sequence
-  next_sentence_labels vlen int8   one per sequence
-That is bertperf-packed/1's model (formats.packed.Packed) without its attributes.
-
+bertperf's types; docs/data_format.md, "NVIDIA's layouts", lists their datasets. Variable-length
+files (convert_fixed2variable.py, and their eval file `eval_varlength/part_eval_10k.hdf5`) hold
+one vlen entry per sample and no input_mask; packed training files (create_packed_trainset.py,
+`part_XXXXX` without a suffix) hold one entry per row of up to 3 sequences, masked positions
+relative to the row: bertperf-packed/1's model (formats.packed.Packed) without its attributes.
 Neither layout records max_seq_length or max_predictions_per_seq; readers check against the
-limits given (MLPerf's 512 and 76 by default).
-"""
+limits given (MLPerf's 512 and 76 by default)."""
 
 from __future__ import annotations
 

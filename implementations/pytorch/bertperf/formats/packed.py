@@ -1,32 +1,10 @@
-"""Packed shards: up to 3 pretraining sequences per fixed-size row (made by `prep pack`).
-
-bertperf-packed/1 (HDF5, no compression):
-  attrs     format="bertperf-packed/1", max_seq_length, max_predictions_per_seq (per sequence),
-            max_seqs_per_row
-  input_ids        [T] uint16 (int32 if the vocab needs it)  the rows' tokens; a row is its sequences
-                                                              back to back, no padding
-  row_offsets      [R+1] int64      row r = input_ids[row_offsets[r]:row_offsets[r+1]] (<= max_seq_length)
-  seq_lengths      [S] uint16       the sequences' lengths, in row order
-  row_seq_offsets  [R+1] int64      row r holds sequences row_seq_offsets[r] .. row_seq_offsets[r+1]-1
-                                    (1 .. max_seqs_per_row of them)
-  b_starts         [S] uint16       where segment B starts, relative to the SEQUENCE start
-  mlm_positions    [M] uint16       masked positions RELATIVE TO THE ROW START, ascending per sequence
-  mlm_ids          [M] uint16       the original ids at those positions
-  mlm_offsets      [S+1] int64      sequence i's masks are mlm_positions[mlm_offsets[i]:mlm_offsets[i+1]]
-  nsp              [S] uint8        one NSP label per sequence (1 = B is a random sentence)
-
-Sequence i of row r starts at row position seq_start = sum(seq_lengths[row_seq_offsets[r]:i]);
-its tokens are [CLS] A [SEP] B [SEP] exactly as in the unpadded sample, so `unpack` gives back the
-samples (`Samples`) bit for bit.
-
-For training, `Packed.batch(rows)` pads rows to max_seq_length and returns, all numpy (see there):
-input_ids, input_mask, segment_ids, position_ids (restarting at 0 for every sequence),
-sequence_index (1, 2, 3 per token, 0 on padding: attention only within equal values),
-seq_lengths / seq_starts [R, max_seqs_per_row] (0-padded: cu_seqlens per row),
-masked_lm_positions / masked_lm_ids / masked_lm_weights [R, P] (P = max_seqs_per_row *
-max_predictions_per_seq; positions relative to the row), next_sentence_labels [R, max_seqs_per_row]
-(-1 where there is no sequence).
-"""
+"""Packed shards, bertperf-packed/1 (made by `prep pack`; datasets and attributes in
+docs/data_format.md): up to max_seqs_per_row pretraining sequences per row of at most
+max_seq_length tokens, back to back without padding; per sequence its length, where segment B
+starts (relative to the sequence), its masks (positions relative to the ROW) and NSP label. Each
+sequence's tokens are [CLS] A [SEP] B [SEP] as in the unpadded sample, so `unpack` gives back the
+samples (`Samples`) bit for bit. `Packed.batch(rows)` gives the training arrays (rows padded to
+max_seq_length, position ids restarting per sequence; listed in its docstring)."""
 
 from __future__ import annotations
 

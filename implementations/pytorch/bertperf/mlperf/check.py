@@ -1,41 +1,14 @@
-"""Run the official MLPerf checkers (mlperf-logging, training ruleset 5.0.0) and give one verdict table.
-
-Each checker runs as `sys.executable -m mlperf_logging.<tool>` in a subprocess, with its log file
-(`--log_output`) and working folder in a temporary folder, so nothing lands in the caller's folder;
-every path handed to a tool is made absolute first (check_* below), so paths relative to the
-caller's folder work.
-Exception: the package checker and the result summarizer write (or delete) `scaling.json` in each
-results/<system>/bert folder when the RCP check says the score must be normalised; that file is part
-of a submission, so it is left where they put it.
-
-The verdict comes from the tool's text, never from its exit status alone: the package checker and the
-system-description checker exit 0 even when they find errors, and the result summarizer exits 0 with
-no score. What is parsed (verified on mlperf-logging 4.1.68; see parse_* below and
-compliance/README.md):
-
-  compliance_checker   PASS: a line `INFO - SUCCESS` and exit 0. FAIL: `ERROR - FAILED`. The detail
-                       is the message heads of the `WARNING - ` block (`Required ...`, `CHECK for ...`
-                       with its `failed test: ...` line, `Failed checks for ...`, parse errors).
-  rcp_checker          PASS: `INFO - <msg>, RCP test PASSED`. FAIL: `ERROR - <msg>, RCP test FAILED`.
-                       The standalone tool has no bypass flag; with --rcp-bypass, a failure whose
-                       <msg> is one the package checker's --rcp-bypass lets through (`RCP found`,
-                       `RCP Interpolation`, `Missing RCP, please submit RCP with BS = N`) is BYPASS.
-  package_checker      PASS: `PACKAGE CHECKER FOUND NO ERRORS, SUCCESS !`; FAIL: `PACKAGE CHECKER FOUND
-                       ERRORS`. The detail is its `ERROR - ` lines. `RCP Test Passed: ... passed using
-                       rcp_bypass` makes it BYPASS. Also FAIL, although it says SUCCESS: no
-                       ` Benchmark bert` section (nothing was checked) or ` Skipping benchmark: bert`.
-  system_desc_checker  PASS: `System description checker passed for <name>`; FAIL: `System description
-                       checker failed for <name> : [reasons]` (the reasons are the detail).
-  result_summarizer    The score is read from the JSON it writes (`bert:time_to_train`, minutes,
-                       olympic mean, times the RCP scaling factor); FAIL if it is missing or on
-                       `CRITICAL ERROR`; `ERROR: RCP Test Failed on ... with message: <msg>.` is FAIL
-                       (BYPASS with --rcp-bypass or a package_checker_params bypass: the summarizer
-                       has no bypass option and scores anyway).
-
-In a package, one result file per system that fails compliance but that the package checker accepted
-(`1 file does not comply, accepting this under olympic scoring`) is WARN, not FAIL.
-Any tool output that has none of its verdict lines is a crash: FAIL, with the last line (the exception).
-"""
+"""Run the official MLPerf checkers (mlperf-logging, training ruleset 5.0.0) and give one verdict
+table. Each checker runs as `sys.executable -m mlperf_logging.<tool>` in a subprocess with its
+log file (`--log_output`) and working folder in a temporary folder and every path made absolute
+first, so relative paths work and nothing lands in the caller's folder, except `scaling.json`:
+the package checker and the result summarizer write it in results/<system>/bert when the RCP
+check says the score must be normalised, and it is part of a submission, so it stays. A verdict
+(PASS, BYPASS, WARN, FAIL) comes from the tool's text, never from its exit status alone (the
+package and system-description checkers exit 0 on errors, the summarizer without a score); the
+parse_* functions read the lines compliance/README.md lists for each tool (verified on
+mlperf-logging 4.1.68), and an output with none of its verdict lines is a crash: FAIL, with its
+last line."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""`python -m bertperf check`: the official MLPerf checkers on logs, a results folder or a
-submission, and one verdict table.
-
-Runs the official tools of mlperf-logging (training ruleset 5.0.0, BERT's last) and prints one
-table: check, target, verdict (PASS, BYPASS, WARN, FAIL), detail. Exit status 1 if any check FAILs.
+"""`python -m bertperf check`: the official MLPerf checkers of mlperf-logging (training ruleset
+5.0.0, BERT's last) on logs, a results folder or a submission, and one table: check, target,
+verdict (PASS, BYPASS, WARN, FAIL), detail. Exit status 1 if any check FAILs.
 
   --logs LOG...        compliance_checker on each log (a folder: its result_*.txt)
   --results DIR...     rcp_checker on a results/<system>/bert folder (or results/<system>)
@@ -10,10 +8,8 @@ table: check, target, verdict (PASS, BYPASS, WARN, FAIL), detail. Exit status 1 
                        system_desc_checker on each systems/*.json, compliance_checker on each
                        results/*/bert/result_*.txt, package_checker, result_summarizer (the score)
 
-The verdict is read from each tool's text output (their exit status is 0 on failure for the
-package and system-description checkers); see compliance/README.md for what is parsed.
-The package checker and the summarizer write results/<system>/bert/scaling.json when the RCP check
-says the score must be normalised (MLPerf's own behaviour; the file belongs to the submission)."""
+Verdicts come from each tool's text (compliance/README.md says what is read). The package checker
+and the summarizer write results/<system>/bert/scaling.json when the score must be normalised."""
 
 from __future__ import annotations
 

@@ -5,9 +5,8 @@ other ranks get a logger whose calls do nothing. A run starts a fresh log: an ea
 same path (the same MLLOG_FILE run twice) is kept as <path>.1, .2, ... rather than appended to,
 since two runs in one file fail the compliance checker. Each event's metadata `file`/`lineno`
 names the caller of event/start/end (the trainer's line for the seed), because the package
-checker's seed check keys on it. Values must be JSON-serialisable: mllog drops a line it cannot encode and only
-prints a warning, so tensors and numpy scalars are converted here.
-Facts on what the checkers demand: ../shared/docs/mlperf_logging.md.
+checker's seed check keys on it. Values must be JSON-serialisable: mllog drops a line it cannot
+encode and only prints a warning, so tensors and numpy scalars are converted here.
 """
 
 from __future__ import annotations

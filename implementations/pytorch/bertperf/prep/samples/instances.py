@@ -1,7 +1,7 @@
 """The reference's pretraining-instance algorithm, on token ids, in plain Python.
 
 This is the readable statement of `create_training_instances` from the MLCommons reference
-`create_pretraining_data.py` (see docs/data_format.md and ../shared/docs/data_prep_facts.md §A1.3),
+`create_pretraining_data.py` (see docs/data_format.md and docs/design.md, "Data preparation"),
 and the oracle that the C fast path (`_fastcreate.c`) is tested against. Both consume the random
 stream of one `random.Random(seed)` in exactly the reference's order, so for the same documents
 they give the same instances, masks, NSP labels and output order as the reference.

@@ -1,63 +1,14 @@
-r"""WordPiece tokenization, bit-exact with the MLPerf reference `tokenization.py` (FullTokenizer).
-
-The reference `create_pretraining_data.py` tokenizes every stripped line with
-`FullTokenizer(vocab, do_lower_case=True)` (preserve_unused_tokens=False). One token of difference
-changes the RNG draws of a whole output file, so `Tokenizer.encode_lines(lines)` must return, for every
-line, exactly the reference's ids. This module gives that in three layers:
-
-* `ReferenceTokenizer`: a pure-Python re-implementation of FullTokenizer.tokenize. Same algorithm, with
-  C-level string operations (str.translate, re, str.split, str.lower, unicodedata.normalize) in place
-  of per-character Python loops, and a word memo: after the reference's first whitespace split every
-  step (lower + NFD + drop Mn, punctuation split, second whitespace split, WordPiece) depends only on
-  the word, so word -> ids is memoised (bounded; shared by the Tokenizers of one process with the same
-  vocab and casing). Its per-character tables come from the *running* Python's `unicodedata` and its
-  `str.split()`/`str.lower()` semantics (U+2028/U+2029 split, Greek final sigma), so parity is with the
-  reference run under this same Python. Checked against the real reference (TF/absl stubbed) under
-  CPython 3.11.7, Unicode 14.0.0: 0 differences on all 17,124 wiki_sample lines, 5,010 random Unicode
-  strings and every code point U+0000-U+10FFFF alone and in "ab{c}cd", uncased and cased.
-  The MLPerf data itself was made with Python 3.7.6 (Unicode 11.0): code points whose properties changed
-  in Unicode 12-14 (e.g. U+061D, U+0898-U+089F, U+166D) can tokenize differently from that data;
-  `UNICODE_VERSION` says which tables are in use.
-
-* HF `tokenizers` (`fast=True`): a bare `Tokenizer(WordPiece(vocab, unk_token="[UNK]",
-  max_input_chars_per_word=200))` + `BertNormalizer(clean_text=True, handle_chinese_chars=True,
-  strip_accents=None, lowercase=True)` (cased: lowercase=False, strip_accents=False) +
-  `BertPreTokenizer()`, no special tokens, add_special_tokens=False. It differs from the reference on
-  private-use characters (HF drops them), U+03A3 (HF lowercases it without final-sigma context), CJK
-  U+2B820-U+2B91F (not Chinese for HF), lone surrogates (HF raises) and code points whose Unicode
-  properties differ between Python's tables and HF's. So a line goes to HF only when every character is
-  in SAFE_RANGES, a whitelist of blocks of which every code point is proven identical by
-  tests/unit/test_tokenization.py (alone and in 9 contexts, both casings, against ReferenceTokenizer;
-  plus random mixes and the wiki sample); any other line takes the reference path. Everything after the
-  per-character steps (whitespace/punctuation boundaries, WordPiece) is the same algorithm on both sides,
-  which is why per-character proofs carry over to whole lines.
-
-* `Tokenizer`: the facade the data prep uses. Its default (fast=None, as fast=False) is the memoised
-  pure-Python path, because it measured faster than HF on one core, cold or warm (from the repo root):
-
-      PYTHONPATH=implementations/pytorch taskset -c 1 python3 -m bertperf.prep.samples.tokenization \
-          ../shared/data/vocab/vocab.txt ../shared/data/wiki_sample/wiki_0*
-
-  wiki_sample (8,355 non-empty lines, 4.11 MB), one core of a shared, busy 2-core box (load ~3),
-  CPython 3.11.7, tokenizers 0.23.3, TOKENIZERS_PARALLELISM=false; MB/s of UTF-8 text, best / median
-  of 5 runs:
-      ReferenceTokenizer without memo (cache_words=0)      3.69 /  2.46
-      Tokenizer(fast=False) first pass (memo cold)         6.12 /  5.38
-      Tokenizer(fast=False) second pass (memo warm)       14.86 / 11.11
-      Tokenizer(fast=True) first pass                      2.75 /  2.30
-      Tokenizer(fast=True) second pass                     2.98 /  2.46
-      the real reference tokenization.py (same lines, TF/absl stubs; scratch harness, not this
-      command)                                             0.90 /  0.63
-  Also tried for HF: encode_batch (with offsets) 2.7, one joined "\n" string per 256 / 4,096 lines split
-  back by offsets 1.7 / 1.2, HF for the memo's missing words only (slower than the Python miss path:
-  79k words in 0.87 s vs 0.35 s). A large file sees fewer new words than this 4 MB sample, so expect
-  between the cold and warm figures.
-
-TOKENIZERS_PARALLELISM is set to "false" (unless already set) when this module is imported: the data
-prep runs one worker process per core (prep/parallel.py), so rayon threads inside each worker would only
-oversubscribe the cores (and `tokenizers` warns about, then disables, its threads after a fork anyway);
-the figures above are single-threaded.
-"""
+"""WordPiece tokenization, bit-exact with the MLPerf reference `tokenization.py` (FullTokenizer,
+do_lower_case=True, preserve_unused_tokens=False): one token of difference changes the random
+draws of a whole output file, so `Tokenizer.encode_lines(lines)` returns the reference's ids for
+every line. `ReferenceTokenizer` re-implements FullTokenizer.tokenize with C-level string
+operations and a bounded word -> ids memo (after the first whitespace split every step depends on
+the word alone), shared by a process's Tokenizers of one vocab and casing; its character tables
+are the running Python's (`UNICODE_VERSION`). HF `tokenizers` (`fast=True`) takes only the lines
+whose characters all lie in SAFE_RANGES, blocks proven identical by tests/unit/test_tokenization.py;
+other lines take the reference path. `Tokenizer` defaults to the memoised Python path, the faster
+one (docs/design.md, "Tokenizer"). Importing this module sets TOKENIZERS_PARALLELISM=false unless
+set. `python -m bertperf.prep.samples.tokenization VOCAB FILE...` measures the paths' speeds."""
 
 from __future__ import annotations
 

@@ -1,38 +1,18 @@
-"""Chop: re-shard unpadded samples into S shards of equal size, with a global sample-level shuffle.
+r"""Chop: re-shard unpadded samples into S shards of equal size, with a global sample-level shuffle.
 
-  python -m bertperf prep chop --input unpadded/ --output shards_4320/ --num_shards 4320 \\
+  python -m bertperf prep chop --input unpadded/ --output shards_4320/ --num_shards 4320 \
       [--seed 24] [--format bertperf|nvidia] [--workers N] [--memory_gb 4] [--tmp_dir DIR]
 
-Input: every sample file of a folder (*.h5, *.hdf5, *.hdf, HDF5 without a suffix), in name order:
-our unpadded layout (`prep unpad`), NVIDIA's variable-length one, or NVIDIA's packed files (each
-row's sequences are samples, in row order), detected per file (or --input_format). Each file is
-checked against the folder's MANIFEST.json (size, md5) when there is one, and fully checked when
-read (truncation, offsets past the token array, lengths over the limits).
-
-Shard sizes follow NVIDIA's chop_hdf5_files.py: nominal = ceil(N/S), n_excess = S*nominal - N;
-shards 0..n_excess-1 hold nominal-1 samples, the others nominal (156,726,829 samples in 4320
-shards: 36,280 nominal, 2,771 shards of 36,279). Outputs: part_XXXXX_of_0SSSS.h5 (ours) or
-part_XXXXX_of_0SSSS.hdf5 (--format nvidia).
-
-The shuffle: dest = numpy.random.default_rng(seed).permutation(N) (computed in place on an int32
-array when N < 2**31; the same permutation). Input sample i (counting through the files in name
-order) goes to output position dest[i]; positions fill shard 0, then shard 1, ... So every shard
-draws from the whole dataset, no two shards hold the same samples, and the union of the shards is
-exactly the input multiset. Same inputs, S and seed give byte-identical shards for any number of
-workers, ranks or memory budget.
-
-Memory does not grow with the dataset's bytes. The coordinator holds the permutation once (4 bytes
-a sample: 0.63 GB for 156.7M samples) and saves it to the temporary folder. Pass 1 reads one input
-file at a time per worker and appends each sample, with its destination, to the spill file of its
-group (a run of consecutive output shards). Pass 2 loads one group per worker, orders it by
-destination and writes its shards. Groups are sized so a worker's pass-2 working set stays within
---memory_gb / --workers (a group is at least one shard). Temporary disk: about the size of the
-input (spill files) plus the permutation, under --tmp_dir (default: the output folder; with MPI it
-must be a folder every rank sees); it is removed at the end, also on failure.
-
-Finished shards are recorded in MANIFEST.json with a key over the inputs' md5s, S, the seed and the
-format; a rerun skips shards that still verify and spills only the groups that need redoing.
-"""
+Input: every sample file of a folder in name order (our unpadded layout, NVIDIA's variable-length
+or packed files, detected per file or --input_format), checked against the folder's MANIFEST.json
+when there is one and fully checked when read. Shard sizes follow NVIDIA's chop_hdf5_files.py
+(nominal = ceil(N/S); the first S*nominal - N shards hold nominal - 1); outputs are
+part_XXXXX_of_0SSSS.h5 (.hdf5 with --format nvidia). A seeded permutation sends every sample to
+one output position, so each shard draws from the whole dataset and the same inputs, S and seed
+give byte-identical shards for any workers, ranks or memory. Memory: the permutation (4 bytes a
+sample) and --memory_gb; temporary disk about the input's size under --tmp_dir (default: the
+output folder; with MPI, a folder every rank sees), removed at the end, also on failure. A rerun
+skips the shards MANIFEST.json records that still verify (docs/design.md, "Training shards")."""
 
 from __future__ import annotations
 

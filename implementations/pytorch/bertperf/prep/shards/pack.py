@@ -1,32 +1,18 @@
-"""Pack up to 3 samples into each fixed-size row (bertperf-packed/1, see bertperf/data/packed.py).
-
-Reads a folder of sample files: unpadded shards (bertperf-unpadded/1), padded HDF5 (`prep create`,
-`prep eval`), NVIDIA's variable-length files or NVIDIA's packed files (their rows' sequences are
-packed anew), detected per file. Two passes, in bounded memory:
-
-  1. lengths only (the offsets of unpadded shards, the input_mask of padded files): a histogram
-     of sequence lengths 1..max_seq_length; every length is checked here, before anything is
-     written.
-  2. a plan from the histogram (bertperf.prep.shards.packing: longest-first exact-fit, <= 3 per row,
-     99.7-99.8% of the row capacity on Wikipedia-like lengths), then the samples are streamed in
-     input order and assigned to planned rows as they come; a row is written when its last
-     sequence arrives. Only the samples of rows not yet complete are held (a few thousand in
-     random input order; --max_pending caps them), so memory does not grow with the dataset.
-
-Output: part-XXXXX-of-NNNNN.hdf5 in --output (as many shards as input files unless
---num_shards or --rows_per_shard say otherwise), the rows of each shard shuffled with --seed,
-and MANIFEST.json. The shards are written to a staging folder and moved into --output only when
-all are complete: a failed run leaves no outputs. A rerun with the same inputs and flags skips the
-work when the outputs are there and match the manifest. Prints rows, sequences per row and the
-packing efficiency (real tokens / (rows * max_seq_length)).
-
---unpack turns packed shards back into unpadded shards (same names): pack -> unpack gives the
-same samples (as a multiset: packing reorders them).
+"""Pack up to 3 samples into each fixed-size row (bertperf-packed/1, bertperf.formats.packed).
+Reads a folder of unpadded shards, padded HDF5 (`prep create`, `prep eval`) or NVIDIA's
+variable-length or packed files (whose rows' sequences are packed anew), detected per file, in
+two passes of bounded memory: the lengths, every one checked before anything is written; then a
+plan from their histogram (prep.shards.packing) and the samples streamed into the planned rows, a
+row written when its last sequence arrives. Output: part-XXXXX-of-NNNNN.hdf5 (one per input file
+unless --num_shards or --rows_per_shard say otherwise), each shard's rows shuffled with --seed,
+and MANIFEST.json; the shards are moved into --output only when all are complete, and a rerun
+that matches the manifest skips the work. Prints rows, sequences per row and the efficiency
+(real tokens / (rows * max_seq_length)). --unpack turns packed shards back into unpadded ones
+(the same samples, reordered).
 
 examples:
   python -m bertperf prep pack --input unpadded/ --output packed/ --num_shards 4320
-  python -m bertperf prep pack --unpack --input packed/ --output unpacked/
-"""
+  python -m bertperf prep pack --unpack --input packed/ --output unpacked/"""
 
 from __future__ import annotations
 

@@ -1,41 +1,15 @@
-"""Histogram packing: up to K (<= 3) variable-length sequences per fixed-size row, in bounded memory.
-
-Three steps; none of them holds the dataset, or anything per sample, in memory:
-
-1. `histogram`: count the sequences of each length 1..L (from the shards' offsets: cheap).
-
-2. `plan_packing(hist)`: choose row *shapes* (multisets of at most K lengths summing to <= L) and how
-   many rows of each, covering the histogram exactly. Longest-first exact-fit ("LEF"): take the
-   longest remaining length l; fill the L - l tokens left with the pair (m, n), n <= m <= l, whose
-   sum is largest (exactly L - l whenever such a pair is still available; a single partner when it
-   fills more), choosing among the pairs of that sum the one whose larger member m is the most
-   plentiful; make min(available) rows of that shape, at most 1/8 of the remaining l's at a time so
-   that the choice is re-made as counts change. The plentiful-m rule keeps the middle lengths
-   (100-250), which are what long sequences need as partners and what short ones cannot replace,
-   from running out before the long sequences do. Cost: O(L) numpy steps per batch, about a second
-   for any dataset size. Measured with <= 3 per row: 99.80% of the row capacity on Graphcore's
-   Wikipedia histogram (their NNLSHP, also <= 3 per row: 99.75%), 99.73-99.74% on a synthetic
-   histogram of the same shape (tests/unit/test_pack.py), 1.997 sequences per row.
-
-3. `Packer`: stream the sequences in input order and give each one a slot in a planned row. Rows are
-   never materialised ahead: for every shape the packer keeps the count of rows opened, and for every
-   slot (a shape's i-th length) how many sequences it has received; row j of a shape is complete
-   when each of its slots has received its j-th sequence. A sequence of length l first fills the
-   slot of length l that the most open rows are waiting for; if none waits, it opens a new row of a
-   shape containing l that still has rows to give, choosing shapes in proportion to the rows they
-   still have (so every shape is consumed at the pace of the stream and partners arrive at the same
-   rate). Memory: the state above (O(shapes)) plus the sequences of rows not yet complete, which for
-   input in random order is a random-walk imbalance of order sqrt(stream) per shape, a few thousand
-   sequences in practice; `max_pending` is a hard cap (for input far from random order, e.g. sorted
-   by length): beyond it the incomplete rows are given up and their sequences, like any sequence
-   the plan has no place for, become "overflow", which is packed in memory with its own plan
-   whenever it exceeds the cap and at the end. So at most 2 * max_pending + one pushed chunk of
-   sequences are held, whatever the order; the efficiency is the plan's unless the cap is hit.
-   Deterministic: the same lengths in the same order (and chunking) give the same rows.
-
-The packer deals in sequence ids (`refs`, by default the running index of each sequence in the
-stream), never in tokens: callers keep the data of pending sequences and look rows up by id.
-"""
+"""Histogram packing: up to K (<= 3) variable-length sequences per fixed-size row of L tokens, in
+bounded memory (docs/design.md, "Training shards", gives the algorithm and its figures).
+`histogram` counts the sequences of each length 1..L (from the shards' offsets: cheap);
+`plan_packing(hist)` chooses row shapes (multisets of at most K lengths summing to <= L) and how
+many rows of each, covering the histogram exactly (longest-first exact-fit: 99.7-99.8% of the row
+capacity on Wikipedia-like lengths); `Packer` streams the sequences in input order and gives each
+a slot in a planned row, holding only the sequences of rows not yet complete (at most about
+2 * max_pending; beyond the cap, and where the plan has no place, sequences become "overflow",
+packed in memory with a plan of its own). Deterministic: the same lengths in the same order (and
+chunking) give the same rows. The packer deals in sequence ids (`refs`, by default each
+sequence's index in the stream), never in tokens: callers keep the data of pending sequences and
+look rows up by id."""
 
 from __future__ import annotations
 

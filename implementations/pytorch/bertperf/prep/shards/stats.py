@@ -1,26 +1,16 @@
-"""Length statistics of a folder of sample files, and a PNG histogram of the lengths.
-
-Reads padded HDF5 (`prep create`), unpadded shards, NVIDIA's variable-length files, packed shards
-(`prep pack`) or NVIDIA's packed files, detected per file, with streaming reads of what it counts
-only (offsets and masks, never the token ids of unpadded or packed shards; NVIDIA's packed files
-are read and checked whole), file by file on --workers processes, so it runs on the full dataset.
-Prints:
-
-  samples                 number of samples (packed: sequences)
-  mean / median length    tokens per sample
-  padding at L            1 - tokens / (samples * L): the share of a padded batch that is padding
-  masked tokens/sample    masked LM positions per sample
-  NSP random fraction     share of samples whose segment B is a random sentence (label 1)
-  packing efficiency      tokens / (rows * L): as packed for packed input; for other input, what
-                          `prep pack` (<= --max_seqs_per_row per row) reaches on this histogram,
-                          with its rows and sequences per row
-
-and writes the histogram of lengths to --png (default DIR/lengths.png; packed input adds the
-histogram of row lengths). --json FILE also writes the numbers as JSON.
+"""Length statistics of a folder of sample files, and a PNG histogram of the lengths. Reads padded
+HDF5 (`prep create`), unpadded shards, NVIDIA's variable-length files, packed shards or NVIDIA's
+packed files, detected per file, on --workers processes, reading only what it counts (offsets and
+masks, never the token ids of unpadded or packed shards; NVIDIA's packed files are read and checked
+whole), so it runs on the full dataset. Prints the samples (packed: sequences), mean and median
+length, padding at L (1 - tokens / (samples * L)), masked tokens per sample, the NSP random
+fraction (label 1), and the packing efficiency (tokens / (rows * L)): as packed for packed input,
+else what `prep pack` (<= --max_seqs_per_row per row) reaches on this histogram, with its rows
+and sequences per row. Writes the length histogram to --png (default DIR/lengths.png; packed
+input adds the row lengths'); --json FILE writes the numbers as JSON.
 
 example:
-  python -m bertperf prep stats hdf5/training --png training_lengths.png
-"""
+  python -m bertperf prep stats hdf5/training --png training_lengths.png"""
 
 from __future__ import annotations
 

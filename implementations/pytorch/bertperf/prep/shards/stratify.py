@@ -3,26 +3,15 @@
   prep stratify --input unpadded/ --output strat/ [--bins 128,256,384,512] [--shards_per_bin K]
                 [--seed N] [--workers N]
 
-Writes one folder per bin (`bin_001-128/`, `bin_129-256/`, ...), each with K shards
-`part_XXXXX.h5` in the bertperf-unpadded/1 layout (attributes bin_min_length/bin_max_length added)
-and a MANIFEST.json, plus `stratify.json`: samples and tokens per bin. A sample of n tokens goes to
-the first bin whose upper edge is >= n. A sampler can then give every rank's batch the same length
-profile by drawing fixed counts from each bin (Samsung's MLPerf v1.1 local presorting): the
-trainer does with LAYOUT=stratified (data/order.py StratifiedPlan).
-
-How (memory bounded by one input shard per worker in pass 1 and by --max_task_samples in pass 2):
-  1. each input shard (workers in parallel) is read, its samples are split by bin and shuffled
-     (seeded by seed, input index, bin), and each bin's share is spilled to a temporary shard;
-  2. in every bin the spilled samples, taken in input order, are dealt to the K parts so that part
-     sizes differ by at most one and every part gets an equal share (+-1) of every input shard's
-     samples (a random choice of them, by step 1's shuffle); each part is shuffled (seeded by
-     seed, bin, part) and written.
-The result depends only on the inputs (in name order), --bins, --shards_per_bin and --seed, not on
---workers or MPI ranks. Temporary files live in OUTPUT/.stratify-tmp (needs as much free space as
-the input); the bin folders and stratify.json replace earlier ones only when everything succeeded,
-so a failure (e.g. a corrupt input shard, named in the one-line error) leaves no partial output
-(and no new empty folder).
-"""
+Writes one folder per bin (`bin_001-128/`, `bin_129-256/`, ...) with K shards `part_XXXXX.h5`
+(bertperf-unpadded/1, plus the attributes bin_min_length/bin_max_length) and a MANIFEST.json,
+and `stratify.json`: samples and tokens per bin. A sample of n tokens goes to the first bin whose
+upper edge is >= n; every part of a bin gets an equal share of every input shard's samples, and
+the result depends on the inputs, --bins, --shards_per_bin and --seed only (docs/design.md,
+"Training shards"). The trainer's LAYOUT=stratified gives every rank's batch the same length
+profile by drawing fixed counts from each bin (data/order.py StratifiedPlan). Temporary files
+live in OUTPUT/.stratify-tmp (as much free space as the input); the outputs replace earlier ones
+only when everything succeeded, so a failure leaves no partial output."""
 
 from __future__ import annotations
 

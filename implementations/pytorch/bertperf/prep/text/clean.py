@@ -1,24 +1,17 @@
 """Clean WikiExtractor output: the reference's cleanup_file.py and clean.sh, in one pass per file.
-
-Reads every file under --input (a folder, searched recursively and sorted by relative path, or a
-single file; hidden files and MANIFEST.json are ignored) and writes the cleaned text to the same
-relative path under --output; the result is byte-identical to what the MLCommons reference
-(training/retired_benchmarks/bert/cleanup_scripts) writes as `wiki_nn.2`:
-
-  cleanup_file.py  the input is read with universal newlines; a line containing '<doc' and the line
-                   after it (the title) become one empty line; lines containing '</doc>' and empty
-                   lines are dropped.
-  clean.sh         the fixed chain of `grep -v` / `sed` rules, applied per line in the same order
-                   (unwrap [[a|b]] and [[a]] links, drop [[Category:..]] lines and File/Media/Image
-                   links, remove <ref..>, <math>, <div..> and similar tags; '</doc>' becomes a CR).
-
-Outputs are written atomically and recorded in --output/MANIFEST.json; a rerun skips the files
-that are already there and still match the manifest. Runs on --workers local processes and, under
-`mpirun -np K`, rank r takes files r, r+K, ...
+Every file under --input (a folder, searched recursively in order of relative path, hidden files
+and MANIFEST.json ignored; or one file) is written to the same relative path under --output,
+byte-identical to what the MLCommons reference (retired_benchmarks/bert/cleanup_scripts) writes
+as `wiki_nn.2`. cleanup_file.py: read with universal newlines, a line containing '<doc' and the
+title line after it become one empty line, lines containing '</doc>' and empty lines are
+dropped. clean.sh: its fixed chain of `grep -v` / `sed` rules, per line in the same order
+([[a|b]] and [[a]] links unwrapped, [[Category:..]] lines and File/Media/Image links dropped,
+<ref..>, <math>, <div..> and similar tags removed; '</doc>' becomes a CR). Outputs are written
+atomically and recorded in --output/MANIFEST.json (a rerun skips what still matches); --workers
+local processes, and under `mpirun -np K` rank r takes files r, r+K, ...
 
 example:
-  python -m bertperf prep clean --input text/ --output clean/
-"""
+  python -m bertperf prep clean --input text/ --output clean/"""
 
 from __future__ import annotations
 

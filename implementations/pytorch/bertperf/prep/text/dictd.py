@@ -1,28 +1,16 @@
 """Turn a dictd database (a Debian `dict-*` package) into WikiExtractor-format text, so that the
 reference chain (clean, segment, split, create) runs on a real English corpus that any Debian or
-Ubuntu machine can install offline. The demo uses FOLDOC (`dict-foldoc`, GFDL): 15,254 index
-entries of encyclopedic computing articles.
-
-A dictd database is `NAME.index` (one entry per line: `headword TAB offset TAB length`, numbers in
-dictd's base-64 digits A-Z a-z 0-9 + /) and `NAME.dict.dz` (dictzip, readable as gzip). Each entry
-becomes one article:
-
-  - `00-database*` entries (the database's own metadata) and entries whose byte range was already
-    taken (aliases of one article) are skipped;
-  - the first line (the headword) becomes the article's title; the body is indented by 3 spaces,
-    paragraphs are separated by blank lines and become one line each;
-  - `{cross references}` keep their text, `<domain>` tags and `(YYYY-MM-DD)` date lines are dropped;
-  - articles with no text left are dropped.
-
-Articles are written in index order into `--output/AA/wiki_NN` files of about --file_mb MiB, as
-`<doc id="N" url="dictd:NAME" title="...">` blocks (the shape WikiExtractor writes), and recorded
-in --output/MANIFEST.json (which `prep clean` skips). A rerun (another database, another
---file_mb) leaves exactly its own files: the wiki_NN files an earlier run wrote that this one does
-not are deleted; a file this run would overwrite that `prep dictd` did not write is an error.
+Ubuntu machine can install offline; the demo uses FOLDOC (`dict-foldoc`, GFDL: 15,254 index
+entries of encyclopedic computing articles). Each entry of NAME.index / NAME.dict.dz (dictzip,
+readable as gzip) becomes one article, its headword the title and one line per paragraph, written
+in index order as `<doc>` blocks into --output/AA/wiki_NN files of about --file_mb MiB and recorded
+in --output/MANIFEST.json (which `prep clean` skips); docs/data_format.md, "Text stages", gives
+the rules. A rerun leaves exactly its own files: wiki_NN files an earlier run wrote and this one
+does not are deleted, and a file this run would overwrite that `prep dictd` did not write is an
+error.
 
 example:
-  python -m bertperf prep dictd --dict /usr/share/dictd/foldoc.dict.dz --output foldoc_text/
-"""
+  python -m bertperf prep dictd --dict /usr/share/dictd/foldoc.dict.dz --output foldoc_text/"""
 
 from __future__ import annotations
 

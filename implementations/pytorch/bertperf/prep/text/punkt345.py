@@ -1,51 +1,14 @@
-"""nltk 3.4.5's Punkt sentence splitting, built on the installed nltk (3.10.4).
-
-MLPerf's BERT Wikipedia text was segmented with nltk 3.4.5 (the reference process_wiki.sh pins it)
-and nltk's Punkt has changed since. The classes here subclass nltk 3.10.4's PunktLanguageVars,
-PunktToken and PunktSentenceTokenizer and undo every change that reaches
-PunktSentenceTokenizer.tokenize(), so that `PunktSentenceTokenizer345(params).tokenize(text)` is
-nltk 3.4.5's `PunktSentenceTokenizer(params).tokenize(text)` for every text. Undone:
-
-1. Regex engine (after 3.8.1; nltk.redos in 3.10.4): every Punkt pattern is compiled with the
-   third-party `regex` module and run under a 5 s timeout (TimeoutError past it). Its classes are
-   not `re`'s: its \\s leaves out U+001C..U+001F, its \\w adds combining marks (U+0300.. etc.)
-   and connector punctuation and leaves out numerals such as '²' and '½', its \\d follows a newer
-   Unicode. Here every pattern is compiled with `re` again, as 3.4.5 did, with no time limit.
-2. Candidate contexts (3.6.6 ReDoS fix, nltk#2869, reworked in 3.8, nltk#3014): 3.4.5 found the
-   candidates with `\\S*[.?!]` plus a lookahead, so each run of non-whitespace (whitespace being
-   str.isspace(), as in re's \\s) gives at most one candidate, its last [.?!] that is followed by a
-   non-word character or by whitespace and a token, and the text handed to the sentence-break
-   test starts at the run's start. Since 3.6.6 every [.?!] is a candidate, with the word before
-   it found separately, and since 3.8 that word starts after the last *ASCII* whitespace
-   (string.whitespace), so U+00A0 and the other Unicode spaces no longer end a word; earlier
-   candidates of a run can be tested too (3.10.4 drops only those overlapping the next word).
-   `_match_potential_end_contexts` gives 3.4.5's candidates and contexts again (in linear time;
-   the `\\S*` scan of 3.4.5 was quadratic on long runs, which is what 3.6.6 fixed).
-3. Non-word characters (after 3.8.1; in 3.10.4): `_re_non_word_chars` gained the curly quotes
-   U+2018, U+2019, U+201C, U+201D and the guillemets U+00AB, U+00BB. It ends word tokens and may
-   follow a candidate; back to 3.4.5's ?!)";}]*:@'({[ . (3.6 also made it a property built from
-   sent_end_chars: the same ?! for English.)
-4. Boundary realignment (after 3.8.1; in 3.10.4): `re_boundary_realignment` gained the same six
-   quote characters, so a closing curly quote or guillemet after a break was moved into the
-   sentence before it. Back to 3.4.5's ["')\\]}].
-5. PunktToken's patterns (ellipsis, numeric type, initial, alphabetic) and `is_non_punct` use
-   nltk.redos like the rest (1.): `re` again, in PunktToken345.
-
-Unchanged between the two versions, and inherited as they are: word splitting into lines and
-tokens (_tokenize_words), the first and second annotation passes, the orthographic, collocation
-and sentence-starter heuristics, _slices_from_text (given the contexts of 2.), the realignment
-loop, span_tokenize and sentences_from_text, PunktParameters and PunktToken's other properties.
-The other 3.10.4 changes (type hints, renames, pickle and path hardening, punkt_tab loading,
-trainer log-likelihood guards, debug_decisions' token loop) do not reach tokenize().
-
-Character classes and case follow the running Python's Unicode database, as 3.4.5's did: on
-Python 3.11 (Unicode 14.0) a text containing characters assigned in Unicode 12.0..14.0 can split
-differently than nltk 3.4.5 on Python 3.7 (Unicode 11.0) did, exactly as nltk 3.4.5 itself does
-when run on Python 3.11.
-
-Only tokenize() (and span_tokenize / sentences_from_text, which it uses) is meant to be 3.4.5's;
-debug_decisions and training a model with these classes are not covered.
-"""
+"""nltk 3.4.5's Punkt sentence splitting, built on the installed nltk (3.10.4). MLPerf's Wikipedia
+text was segmented with nltk 3.4.5 (the reference process_wiki.sh pins it), and Punkt has changed
+since. The classes here subclass nltk 3.10.4's PunktLanguageVars, PunktToken and
+PunktSentenceTokenizer and undo every change that reaches tokenize(), so that
+`PunktSentenceTokenizer345(params).tokenize(text)` is nltk 3.4.5's
+`PunktSentenceTokenizer(params).tokenize(text)` for every text: patterns compiled with `re`
+again (not `regex`, no timeout), 3.4.5's candidate sentence ends and their contexts (found in
+linear time), its non-word characters and boundary realignment (without curly quotes and
+guillemets); docs/design.md ("Sentences") details each change. Character classes and case follow
+the running Python's Unicode tables, as 3.4.5's did. Only tokenize() (with span_tokenize and
+sentences_from_text, which it uses) is meant to be 3.4.5's; debug_decisions and training are not."""
 
 from __future__ import annotations
 

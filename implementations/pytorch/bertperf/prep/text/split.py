@@ -1,34 +1,17 @@
 """Hold out the eval articles and gather the rest into part files: the reference's
-seperate_test_set.py followed by do_gather.py.
-
-Reads every file under --input (the output folder of `prep segment`, or a single file), in order of
-relative path, and writes to --output, byte-identical to the MLCommons reference's results/:
-
-  eval.txt, eval.md5      for input file i of N, num_tests = int((i+1)*K/N) - int(i*K/N) of its
-                          articles (text.split('\\n\\n'); a trailing empty one counts and can be
-                          drawn) are picked with random.Random(seed + 13*i), drawing
-                          int(rng.random()*num_articles) until that many distinct ids; they go to
-                          eval.txt in file order, each followed by '\\n\\n', and the md5 of each
-                          article.rstrip() to eval.md5 (K = --num_test_articles).
-  part-XXXXX-of-NNNNN     the remaining articles of each file (each followed by '\\n\\n', one
-                          trailing '\\n' removed per file, a leading BOM dropped), files
-                          concatenated in order; a new part starts when --block_size MiB is less
-                          than the running total plus the size of the file's RAW WikiExtractor
-                          input (the reference measures wiki_nn, not the text it copies). Give the
-                          raw files with --raw_dir (same relative paths as --input); without it
-                          the sizes of the --input files are used, which gives other parts.
-                          NNNNN is --num_outputs, only a label: the part count follows from the
-                          sizes (a warning says when they differ).
-
-MLPerf's setting is the default: --num_test_articles 10000 --seed 12345 --block_size 26.92
---num_outputs 500. Outputs are written atomically and recorded in --output/MANIFEST.json; a rerun
-skips the parts (and eval files) that are already there and still match the manifest. The
-per-file hold-out and the per-part gather run on --workers local processes and, under
-`mpirun -np K`, rank r takes tasks r, r+K, ...
+seperate_test_set.py, then do_gather.py. Every file under --input (`prep segment`'s output
+folder, or one file), in order of relative path, goes to --output byte-identical to the MLCommons
+reference's results/: eval.txt and eval.md5 (for input file i of N, int((i+1)*K/N) - int(i*K/N) of
+its articles drawn with random.Random(seed + 13*i), K = --num_test_articles; docs/design.md gives
+the draw) and part-XXXXX-of-NNNNN, the other articles of each file concatenated in order, a new
+part starting when --block_size MiB would be exceeded by the size of the file's RAW WikiExtractor
+input (--raw_dir, same relative paths; without it the --input sizes give other parts). NNNNN is
+--num_outputs, a label only. MLPerf's setting is the default (10,000 articles, seed 12345, 26.92
+MiB, 500). Outputs are atomic and recorded in --output/MANIFEST.json (a rerun skips what still
+matches); --workers local processes, and under `mpirun -np K` rank r takes tasks r, r+K, ...
 
 example:
-  python -m bertperf prep split --input sentences/ --raw_dir text/ --output results/
-"""
+  python -m bertperf prep split --input sentences/ --raw_dir text/ --output results/"""
 
 from __future__ import annotations
 
