@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from bertperf.optim import FlatLamb, Lamb
-from tests.unit.test_flat_lamb import assert_same_state, step_both, three_groups
-from tests.unit.test_kernels import tiny_bert
+from tests.support.lamb import assert_same_state, step_both, three_groups
+from tests.support.models import tiny_bert
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -9,8 +9,8 @@ import torch
 from bertperf.kernels import (flash_supported, varlen_attention, varlen_attention_flash,
                               varlen_attention_padded, varlen_attention_reference)
 from bertperf.model import BertConfig, BertForPreTraining, PaddedBertForPreTraining, unpad
-from tests.unit.test_attention import keep_mask_of, offsets, views
-from tests.unit.test_model import padded_batch
+from tests.support.attention import keep_mask_of, offsets, views
+from tests.support.models import padded_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

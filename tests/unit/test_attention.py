@@ -16,17 +16,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertperf.kernels import (flash_supported, varlen_attention, varlen_attention_flash,
                               varlen_attention_padded, varlen_attention_reference)
-from tests.unit.test_kernels import assert_same_fwd_bwd, leaves
+from tests.support.attention import keep_mask_of, offsets, views
+from tests.support.kernels import assert_same_fwd_bwd, leaves
 
 # the module (the package's attribute of that name is the function)
 attention = importlib.import_module("bertperf.kernels.varlen_attention")
 
 LENGTHS = [1, 7, 3, 16, 2]
 H, D = 3, 8
-
-
-def offsets(lengths: list[int]) -> torch.Tensor:
-    return F.pad(torch.tensor(lengths).cumsum(0), (1, 0)).to(torch.int32)
 
 
 def qkv_for(lengths: list[int], seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor, int]:
@@ -97,11 +94,6 @@ def model_qkv(lengths: list[int], heads: int = H, dim: int = D, seed: int = 0,
         .to(device, dtype).requires_grad_()
 
 
-def views(qkv: torch.Tensor) -> list[torch.Tensor]:
-    """q, k, v as BertSelfAttention passes them: strided views of the projection."""
-    return [qkv[:, 0], qkv[:, 1], qkv[:, 2]]
-
-
 @pytest.mark.parametrize("path", [varlen_attention_padded, varlen_attention],
                          ids=lambda f: f.__name__)
 def test_model_layout_matches_reference(path):
@@ -112,30 +104,6 @@ def test_model_layout_matches_reference(path):
 
 
 # ---- dropout -----------------------------------------------------------------------------------
-
-def keep_mask_of(path, q: torch.Tensor, k: torch.Tensor, cu: torch.Tensor, max_seqlen: int,
-                 dropout_p: float, seed: int) -> torch.Tensor:
-    """The keep mask `path` draws after torch.manual_seed(seed), read from its output: with
-    one-hot values (v[start + j, h] = e_j) output row i of a sequence is its row of dropped-out
-    probabilities, exactly 0 where dropped. Needs D >= the longest length; returns bool
-    [S, H, L, L], L the longest length, as varlen_attention_reference takes it."""
-    lengths = (cu[1:] - cu[:-1]).tolist()
-    total, heads, dim = q.shape
-    longest = max(lengths)
-    assert dim >= longest
-    seq = torch.repeat_interleave(torch.arange(len(lengths), device=q.device),
-                                  (cu[1:] - cu[:-1]).long())
-    position = torch.arange(total, device=q.device) - cu.long()[seq]
-    onehot = F.one_hot(position, dim).to(q.dtype)[:, None, :].expand(total, heads, dim) \
-        .contiguous()
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        rows = path(q, k, onehot, cu, max_seqlen, dropout_p)
-    mask = torch.zeros(len(lengths), heads, longest, longest, dtype=torch.bool, device=q.device)
-    for i, (start, n) in enumerate(zip(cu.tolist(), lengths)):
-        mask[i, :, :n, :n] = (rows[start:start + n, :, :n] != 0).transpose(0, 1)
-    return mask
-
 
 DROP_LENGTHS = [16, 0, 5, 11, 0, 1, 16, 9]
 

@@ -18,60 +18,15 @@ from torch import nn
 from bertperf.kernels import backend
 from bertperf.optim import (FlatLamb, Lamb, LinearWarmupPolyDecay, clipped_step, lr_at,
                             make_optimizer, param_groups)
+from tests.support.lamb import assert_same_state, params_of, step_both, three_groups
+from tests.support.models import tiny_bert
 from tests.support.paths import PYTHONPATH
-from tests.unit.test_kernels import tiny_bert
 
 
 @pytest.fixture
 def triton_path(monkeypatch):
     """lamb_step takes its Triton kernels (interpreted: tests/conftest.py) for CPU tensors."""
     monkeypatch.setattr(backend, "use_triton", lambda x: True)
-
-
-def three_groups(model: nn.Module) -> list[dict]:
-    """param_groups (decayed and adapted; bias/LayerNorm with neither) and a third group taken
-    out of the first: no decay, but adapted."""
-    decayed, plain = param_groups(model, 0.01)
-    cut = len(decayed["params"]) // 2
-    adapted = {"params": decayed["params"][cut:], "param_names": decayed["param_names"][cut:],
-               "weight_decay": 0.0, "layer_adaptation": True}
-    decayed["params"], decayed["param_names"] = decayed["params"][:cut], \
-        decayed["param_names"][:cut]
-    return [decayed, plain, adapted]
-
-
-def params_of(opt: torch.optim.Optimizer) -> list[nn.Parameter]:
-    return [p for group in opt.param_groups for p in group["params"]]
-
-
-def assert_same_state(flat: FlatLamb, lamb: Lamb, exact: bool) -> None:
-    """Weights and moments of the two optimizers' parameters equal (within 1e-6 unless
-    exact)."""
-    for p, q in zip(params_of(flat), params_of(lamb)):
-        pairs = [(p, q)] + [(flat.state[p][k], lamb.state[q][k])
-                            for k in ("exp_avg", "exp_avg_sq")]
-        for a, b in pairs:
-            if exact:
-                assert torch.equal(a, b)
-            else:
-                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-
-
-def step_both(flat: FlatLamb, lamb: Lamb, steps: int, seed: int = 1, skip: int | None = None):
-    """`steps` steps with the same random gradients (as clipped_step leaves them: zero on the
-    step `skip`, which is skipped on the device), each optimizer under its own schedule."""
-    scheds = [LinearWarmupPolyDecay(opt, 2, 10) for opt in (flat, lamb)]
-    g = torch.Generator().manual_seed(seed)
-    device = params_of(flat)[0].device
-    for k in range(steps):
-        ok = torch.tensor(k != skip, device=device)
-        for p, q in zip(params_of(flat), params_of(lamb)):
-            grad = torch.randn(p.shape, generator=g).to(device) * ok
-            p.grad.copy_(grad)  # in place: the view of the flat buffer
-            q.grad = grad.clone()
-        for opt, sched in zip((flat, lamb), scheds):
-            opt.step(ok=ok)
-            sched.step(ok)
 
 
 @pytest.mark.parametrize("path", ["plain", "triton"])

@@ -18,28 +18,12 @@ from bertperf.kernels import (LambLayout, bias_gelu, bias_gelu_layer_norm,
                               dropout_add_layer_norm, dropout_add_layer_norm_reference,
                               embedding_layer_norm, embedding_layer_norm_reference, lamb_step,
                               lamb_step_reference)
-from bertperf.model import BertConfig, BertForPreTraining
+from bertperf.model import BertConfig
 from bertperf.model.layers import BertEmbeddings
-from bertperf.optim import Lamb, param_groups
-
-F64 = dict(dtype=torch.float64)
-
-
-def leaves(*shapes: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g, **F64).requires_grad_() for s in shapes]
-
-
-def grads(out: torch.Tensor, inputs: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), **F64)
-    return list(torch.autograd.grad(out, inputs, g))
-
-
-def assert_same_fwd_bwd(fast, ref, inputs: list[torch.Tensor], rtol=1e-12, atol=1e-12) -> None:
-    out, expected = fast(*inputs), ref(*inputs)
-    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
-    for a, b in zip(grads(out, inputs), grads(expected, inputs)):
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+from bertperf.optim import Lamb
+from tests.support.kernels import F64, assert_same_fwd_bwd, leaves
+from tests.support.lamb import flat_setup
+from tests.support.models import tiny_bert
 
 
 def bf16_linear(rows: int, features: int) -> torch.Tensor:
@@ -218,26 +202,6 @@ def test_cross_entropy_padding_slots_count_as_nothing():
 
 
 # ---- LAMB over flat buffers --------------------------------------------------------------------
-
-def flat_setup(model: torch.nn.Module, block: int = LambLayout.BLOCK):
-    """param_groups(model) as a LambLayout (a parameter marked lamb_row_blocks = n as n tensors,
-    as Lamb takes it), the flat fp32 copies of the weights, zero moments."""
-    groups = param_groups(model, 0.01)
-    params = [p for g in groups for p in g["params"]]
-    blocks = [(g, p.numel() // n) for g in groups for p in g["params"]
-              for n in [getattr(p, "lamb_row_blocks", 1)] for _ in range(n)]
-    layout = LambLayout([numel for _, numel in blocks], [g["weight_decay"] for g, _ in blocks],
-                        [Lamb.adapts(g) for g, _ in blocks], "cpu", block)
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    return groups, params, layout, [flat, torch.zeros_like(flat), torch.zeros_like(flat)]
-
-
-def tiny_bert() -> BertForPreTraining:
-    torch.manual_seed(0)
-    return BertForPreTraining(BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
-                                         num_attention_heads=2, intermediate_size=32,
-                                         max_position_embeddings=16))
-
 
 @pytest.mark.parametrize("options", [dict(), dict(bias_correction=False),
                                      dict(grad_averaging=False), dict(tensor_lr=True),

@@ -22,7 +22,7 @@ from bertperf.errors import UserError
 from bertperf.optim import (DynamicLossScaler, FlatLamb, Lamb, LinearWarmupPolyDecay, ShardedLamb,
                             clipped_step, param_groups)
 from bertperf.optim.sharded_lamb import shard_numel
-from tests.unit.test_kernels import tiny_bert
+from tests.support.models import tiny_bert
 
 STEPS, SAVED_AT, SKIPPED = 6, 3, 4  # steps of a run; the checkpoint's step; the non-finite step
 GLOBAL, GA = 16, 2  # samples of a micro-batch over all ranks; micro-batches a step

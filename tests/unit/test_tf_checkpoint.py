@@ -23,9 +23,9 @@ from bertperf.model import BertConfig, BertForPreTraining, tf_name, tf_transpose
 from bertperf.model import tf_checkpoint
 from bertperf.model.convert_cli import add_arguments, load_init_checkpoint, run
 from bertperf.model.tf_checkpoint import TFCheckpoint, crc32c_numpy, state_dict_from_tf
-from tests.unit.test_model import TINY, assert_same_logits_as_hf, hf_model, padded_batch
+from tests.support.models import TINY, assert_same_logits_as_hf, hf_model, padded_batch
+from tests.support.paths import TF_CKPT as FIXTURE
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tf_ckpt"
 PREFIX = FIXTURE / "model.ckpt-7"
 DATA = "model.ckpt-7.data-00000-of-00001"
 

@@ -42,8 +42,8 @@ from bertperf.kernels.triton import (bias_gelu as tk_bias_gelu,  # noqa: E402
                                      lamb as tk_lamb, layer_norm as tk_layer_norm)
 from bertperf.model import BertConfig, BertForPreTraining  # noqa: E402
 from bertperf.optim import Lamb  # noqa: E402
-from tests.unit.test_kernels import flat_setup, tiny_bert  # noqa: E402
-from tests.unit.test_model import packed_batch, samples  # noqa: E402
+from tests.support.lamb import flat_setup  # noqa: E402
+from tests.support.models import packed_batch, samples, tiny_bert  # noqa: E402
 
 MODULES = (tk_bias_gelu, tk_layer_norm, tk_embedding, tk_cross_entropy, tk_lamb)
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 kernels against the float64 references
