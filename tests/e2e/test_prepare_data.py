@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bertperf.formats import padded as hdf5io
+from tests.support.paths import ROOT
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -28,7 +28,7 @@ def env_for(out: Path, wiki: Path, vocab: Path, **extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, wiki_sample, vocab_file) -> Path:
     out = tmp_path_factory.mktemp("prep")
-    run = subprocess.run(["bash", str(REPO / "data_prep" / "prepare_data.sh")],
+    run = subprocess.run(["bash", str(ROOT / "data_prep" / "prepare_data.sh")],
                          env=env_for(out, wiki_sample, vocab_file), capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -54,7 +54,7 @@ def test_chain_outputs(prepared):
 
 def test_rerun_skips_everything(prepared, wiki_sample, vocab_file):
     before = {p: p.stat().st_mtime_ns for p in prepared.rglob("*.hdf5")}
-    run = subprocess.run(["bash", str(REPO / "data_prep" / "prepare_data.sh")],
+    run = subprocess.run(["bash", str(ROOT / "data_prep" / "prepare_data.sh")],
                          env=env_for(prepared, wiki_sample, vocab_file), capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

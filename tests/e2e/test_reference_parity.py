@@ -17,7 +17,7 @@ import pytest
 
 from bertperf.__main__ import main
 from bertperf.formats import padded as hdf5io
-from tests.conftest import padded_digest
+from tests.support.corpus import padded_digest
 
 pytestmark = pytest.mark.slow
 

@@ -7,14 +7,13 @@ traced: the compute is given."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from bertperf.__main__ import main
 from bertperf.bench import scale
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NET = scale.Network(gpus_per_node=8, nvlink=300e9, nic=25e9, nics_per_node=8,
                     alpha_nvlink=3.4e-6, alpha_net=9.6e-6, algorithm="ring",
                     topology="hierarchical")

@@ -13,7 +13,7 @@ import pytest
 from bertperf.__main__ import main
 from bertperf.formats import padded as hdf5io
 from bertperf.prep.samples.create import fast_engine_available
-from tests.conftest import canonical_digest, synthetic_corpus
+from tests.support.corpus import canonical_digest, synthetic_corpus
 
 GOLDEN = {  # data_prep_facts.md §A1.6: the reference script, unmodified, on the synthetic corpus
     (128, 20, 2): (245, "208e2065e43346055933549a7625a100"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -12,47 +11,8 @@ import pytest
 
 from bertperf.errors import UserError
 from bertperf.prep.text.dictd import article_text, decode_number, read_index
-
-ROOT = Path(__file__).resolve().parents[2]
-DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-
-
-def b64(n: int) -> str:
-    out = ""
-    while True:
-        out = DIGITS[n % 64] + out
-        n //= 64
-        if n == 0:
-            return out
-
-
-def make_db(folder: Path, entries: list[tuple[str, str]], aliases=()) -> Path:
-    """NAME.dict.dz + NAME.index with these (headword, body) entries; aliases repeat a range."""
-    data, index, ranges = b"", [], {}
-    for word, body in entries:
-        raw = body.encode()
-        ranges[word] = (len(data), len(raw))
-        index.append(f"{word}\t{b64(len(data))}\t{b64(len(raw))}")
-        data += raw
-    for alias, target in aliases:
-        off, size = ranges[target]
-        index.append(f"{alias}\t{b64(off)}\t{b64(size)}")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "test.dict.dz").write_bytes(gzip.compress(data))
-    (folder / "test.index").write_text("\n".join(index) + "\n")
-    return folder / "test.dict.dz"
-
-
-ENTRY = """Lisp
-
-   <language> A {functional
-   programming language} designed by John McCarthy.
-
-   It has {garbage collection}.
-
-   (2003-01-02)
-
-"""
+from tests.support.dictd import ENTRY, b64, make_db
+from tests.support.paths import ROOT
 
 
 def test_numbers_are_dictd_base64():

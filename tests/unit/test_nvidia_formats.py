@@ -17,7 +17,7 @@ from bertperf.formats import padded as hdf5io
 from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import read_shard
-from tests.unit.test_pack import make_samples, sample_digests
+from tests.support.samples import make_samples, sample_digests
 
 
 def greedy_rows(samples: Samples, limit: int = 512, per_row: int = 3) -> Packed:

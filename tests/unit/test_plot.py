@@ -11,8 +11,7 @@ import pytest
 
 from bertperf.errors import UserError
 from bertperf.mlperf.plot import plot_log, read_curves
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import PYTHONPATH
 
 
 def line(key: str, value, **meta) -> str:
@@ -60,7 +59,6 @@ def test_cli(tmp_path):
     log = write_log(tmp_path / "result_0.txt")
     run = subprocess.run([sys.executable, "-m", "bertperf", "plot", str(log)], cwd=tmp_path,
                          capture_output=True, text=True,
-                         env={"PYTHONPATH": f"{ROOT / 'implementations' / 'pytorch'}:{ROOT}",
-                              "PATH": "/usr/bin:/bin"})
+                         env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "result_0.txt.png").is_file()

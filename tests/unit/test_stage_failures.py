@@ -17,8 +17,8 @@ from bertperf.__main__ import main
 from bertperf.formats import nvidia
 from bertperf.formats import padded as hdf5io
 from bertperf.formats.unpadded import write_shard
-from tests.unit.test_dictd import ENTRY, make_db
-from tests.unit.test_pack import make_samples
+from tests.support.dictd import ENTRY, make_db
+from tests.support.samples import make_samples
 
 GOOD_TEXT = ('<doc id="1" url="x" title="T">\nT\n\nThe cat sat on the mat. It was happy there.\n'
              "</doc>\n")

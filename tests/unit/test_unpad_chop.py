@@ -21,7 +21,8 @@ from bertperf.formats import nvidia
 from bertperf.formats import unpadded as shards
 from bertperf.formats.samples import Samples
 from bertperf.prep.shards.chop import permutation, shard_counts
-from tests.conftest import synthetic_corpus
+from tests.support.corpus import synthetic_corpus
+from tests.support.paths import ROOT
 
 N_SHARDS = 7
 
@@ -397,7 +398,7 @@ def test_chop_mpirun_two_ranks(unpadded, chopped, tmp_path):
         cmd.append("--allow-run-as-root")
     package_root = str(Path(bertperf.__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (package_root, str(Path(__file__).resolve().parents[2]),
+        p for p in (package_root, str(ROOT),
                     os.environ.get("PYTHONPATH")) if p))
     cmd += ["-x", "PYTHONPATH", sys.executable, "-m", "bertperf", "prep", "chop", "--input",
             str(unpadded), "--output", str(tmp_path / "two"), "--num_shards", str(N_SHARDS),
