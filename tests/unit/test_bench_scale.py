@@ -6,6 +6,8 @@ traced: the compute is given."""
 
 from __future__ import annotations
 
+import itertools
+import re
 from dataclasses import replace
 
 import pytest
@@ -121,20 +123,63 @@ def given_compute(monkeypatch):
     monkeypatch.setattr(scale, "modelled", modelled)
 
 
+def tables(out: str) -> list[list[dict[str, str]]]:
+    """The markdown tables of `out`, each a list of {column header: cell} rows."""
+    found, lines = [], out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|---") and i > 0 and lines[i - 1].startswith("| "):
+            header = [c.strip() for c in lines[i - 1].strip("|").split("|")]
+            rows = [[c.strip() for c in row.strip("|").split("|")]
+                    for row in itertools.takewhile(lambda l: l.startswith("| "), lines[i + 1:])]
+            found.append([dict(zip(header, row, strict=True)) for row in rows])
+    return found
+
+
+def number(cell: str) -> float:
+    """A cell's leading number ("1,024", "150.0 (measured)", "2.0 (0.8 + 1.2) / 25.2")."""
+    return float(cell.split()[0].replace(",", ""))
+
+
+def seconds(cell: str) -> float:
+    """A duration cell ("75.6 s", "14.9 min (logs)") in seconds."""
+    value, unit = cell.split()[:2]
+    return float(value) * {"s": 1, "min": 60}[unit]
+
+
 def test_cli_prints_the_table(given_compute, capsys):
+    """A row a config (and a row a published result): the measured step time where --step-ms
+    gives one (56 sequences a GPU: 150 ms), the modelled one elsewhere (3 ms a sequence here),
+    --optimizer-ms everywhere, a step the sum of its terms, its dominant term one of them, the
+    published time with its logs and the ratio of the two; then the all-reduce by topology and
+    algorithm at every GPU count of the rows."""
     assert main(["bench", "scale", "--step-ms", "56=150", "--optimizer-ms", "12"]) == 0
-    out = capsys.readouterr().out
-    table = [line for line in out.splitlines() if line.startswith("| config")]
-    assert table and "dominant term" in table[0] and "published" in table[0]
+    runs, allreduce = tables(capsys.readouterr().out)
+    by_config = {row["config"]: row for row in runs}
     configs = sorted(ROOT.glob("config_DGXA100_*x*.sh"))
-    for path in configs:
-        row = next(line for line in out.splitlines() if line.startswith(f"| {path.name} "))
-        assert row.rstrip().removesuffix(" |").rsplit("| ", 1)[1] in scale.TERMS
-    row = next(line for line in out.splitlines() if "config_DGXA100_1x8x56x1.sh" in line)
-    assert "150.0 (measured)" in row and "12.0 |" in row and "18.4 min" in row
+    assert {path.name for path in configs} <= set(by_config)
+    for row in runs:
+        assert row["dominant term"] in scale.TERMS
+        batch = int(re.search(r"\d+x\d+x(\d+)x\d+", row["config"])[1])  # a GPU's micro-batch
+        compute, source = number(row["compute ms"]), row["compute ms"].split()[1]
+        assert (compute, source) == ((150.0, "(measured)") if batch == 56 else
+                                     (pytest.approx(3 * batch), "(given)"))
+        assert number(row["optimizer ms"]) == 12.0
+        assert number(row["step ms"]) == pytest.approx(
+            compute + 12.0 + number(row["all-reduce ms exposed (NVLink + IB) / total"]), abs=0.15)
+        if row["published"] != "none at this GPU count and batch":
+            assert number(row["predicted / published"]) == pytest.approx(  # 0.1 min rounded
+                seconds(row["predicted time to train"]) / seconds(row["published"]), rel=0.05)
+    ours = by_config["config_DGXA100_1x8x56x1.sh"]
+    assert seconds(ours["published"]) == pytest.approx(18.4 * 60)  # v2.0 NVIDIA 1xDGX A100
     for published in scale.PUBLISHED:
-        assert published.label in out and published.logs in out
-    assert "| hierarchical, ring |" in out and "| flat, tree |" in out
+        (row,) = [r for name, r in by_config.items() if name.startswith(published.label + " (")]
+        assert row["published"].endswith(f"({published.logs})")
+        assert seconds(row["published"]) == pytest.approx(published.minutes * 60, abs=3)
+    gpus = sorted({int(number(row["GPUs"])) for row in runs})
+    assert list(allreduce[0])[1:] == [f"{n:,} GPUs" for n in gpus]
+    assert [row["topology, algorithm"] for row in allreduce] == \
+        [f"{t}, {a}" for t in scale.TOPOLOGIES for a in scale.ALGORITHMS]
+    assert all(number(cell) > 0 for row in allreduce for cell in list(row.values())[1:])
 
 
 @pytest.mark.parametrize("flags", [

@@ -11,6 +11,7 @@ import torch
 
 from bertperf.formats.samples import Samples
 from tests.support.copy_task import MSL, VOCAB, copy_task, env_for, make_dataset, packed_copy
+from tests.support.scripts import LAUNCH_VARS
 
 
 # ---- config ------------------------------------------------------------------------------------
@@ -229,11 +230,36 @@ def test_dist_settings_have_flags_and_units_in_the_help():
         (60.0, 1234)
 
 
-def test_flags_win_over_the_dist_variables(tmp_path):
-    from bertperf.config import load
-    cfg = load(env_for(tmp_path, DIST_TIMEOUT="60", MASTER_PORT="1234"),
-               {"dist.dist_timeout": "7", "dist.master_port": "4321"})
-    assert (cfg.dist.dist_timeout, cfg.dist.master_port) == (7.0, 4321)
+@pytest.mark.parametrize("flags, port, timeout, every", [
+    ([], 1234, 60, 5.0),
+    (["--master-port", "4321", "--dist-timeout", "16"], 4321, 16, 2.0),
+])
+def test_the_dist_settings_are_what_the_process_group_gets(tmp_path, monkeypatch, flags, port,
+                                                           timeout, every):
+    """`train` as rank 1 of 2 (RANK/WORLD_SIZE as an srun script sets them): the process group
+    joins the store at MASTER_PORT and lets a collective wait DIST_TIMEOUT seconds, and the
+    heartbeat that names silent ranks beats every eighth of it (5 s at most); --master-port and
+    --dist-timeout win over the variables there. (Flags over variables for every setting, in the
+    loaded config: test_config_env_then_flags.)"""
+    import datetime
+
+    from bertperf.__main__ import main
+    from bertperf.train import dist, loop
+    for key in LAUNCH_VARS:
+        monkeypatch.delenv(key, raising=False)
+    env = env_for(tmp_path, DIST_TIMEOUT="60", MASTER_PORT="1234", RANK="1", WORLD_SIZE="2",
+                  MASTER_ADDR="10.1.2.3")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    joined, beats = [], []
+    monkeypatch.setattr(dist.tdist, "init_process_group", lambda **kw: joined.append(kw))
+    monkeypatch.setattr(dist._heartbeat, "start", lambda *args, every: beats.append((*args, every)))
+    # the run, up to where its setup joins the job (loop.setup calls dist.init the same way)
+    monkeypatch.setattr(loop, "main", lambda cfg: dist.init(cfg.dist, torch.device("cpu")) and 0)
+    assert main(["train", *flags]) == 0
+    assert joined == [{"backend": "gloo", "init_method": f"tcp://10.1.2.3:{port}", "rank": 1,
+                       "world_size": 2, "timeout": datetime.timedelta(seconds=timeout)}]
+    assert beats == [(1, 2, every)]
 
 
 def test_settings_that_run_badly_draw_a_warning(tmp_path, monkeypatch):
