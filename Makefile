@@ -8,7 +8,7 @@ OUT ?= out
 # already met (a bare `torch` would download a multi-GB CUDA build). GPU machines bring their own.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup system-deps test test-fast demo demo-wiki bench-prep gpu-check lint clean \
+.PHONY: setup system-deps test test-fast demo demo-wiki bench-prep gpu-check lint clean loss-curve \
 	container-image container-test
 
 setup: system-deps $(VENV)/.installed
@@ -59,6 +59,12 @@ CONT ?= localhost/bertperf:cpu
 container-image: export CONTAINERS_CONF ?= $(CURDIR)/container/containers.conf
 container-image: setup
 	CONT=$(CONT) PYTHON=$(PY) bash container/build.sh
+
+# The committed loss curve (tests/fixtures/loss_curve.json, compared by tests/e2e/
+# test_loss_curve.py): rewrite it when a change is meant to move the numerics, and say why.
+loss-curve: setup
+	test -f $(DEMO)/unpadded/MANIFEST.json || OUT_DIR=$(DEMO) PYTHON=$(PY) bash data_prep/prepare_demo.sh
+	$(PY) -m tests.support.loss_curve --demo $(DEMO) --write tests/fixtures/loss_curve.json
 
 container-test: setup
 	$(PY) -m pytest -q tests/container

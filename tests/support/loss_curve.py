@@ -17,9 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import PYTHONPATH, ROOT
+from tests.support.scripts import LAUNCH_VARS
+
 CURVE = ROOT / "tests" / "fixtures" / "loss_curve.json"
-PYTHONPATH = os.pathsep.join([str(ROOT / "implementations" / "pytorch"), str(ROOT)])
 
 STEPS = 200
 SETTINGS = {
@@ -32,15 +33,11 @@ SETTINGS = {
 """The run: the demo's model, data, LR and seed (config_CPU_1x2x32x1.sh) on one rank of 32
 sequences, STEPS steps with the LR schedule ending there, no eval, a loss at every step."""
 
-RTOL = 2e-3
-"""How far a step's loss may move (relative) before the curve counts as changed. The same run
-on this machine's vector units and with them narrowed to AVX2 (ATEN_CPU_CAPABILITY,
-MKL_ENABLE_INSTRUCTIONS: other summation orders in every matmul) stays within docs/design.md's
-measured spread; a change to what the step computes moves the curve by far more."""
-
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
-               "SLURM_LOCALID", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-               "OMPI_COMM_WORLD_LOCAL_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+RTOL = 1e-5
+"""How far a step's loss may move (relative) before the curve counts as changed. Measured on the
+2-core EPYC VM (docs/design.md): the same run with every matmul library narrowed from AVX-512 to
+AVX2 (other summation orders) stays within 4.6e-7 over the 200 steps; WEIGHT_DECAY_RATE 0.011
+instead of 0.01 passes this bound at step 69 (1.1e-4 by step 200)."""
 
 
 def run(demo: Path, out: Path, **extra: str) -> list[float]:
