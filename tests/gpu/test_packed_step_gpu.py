@@ -32,7 +32,7 @@ def test_no_host_sync_on_cuda(packed_env, tmp_path, monkeypatch, flat_lamb):  # 
     monkeypatch.setattr(loop.Interval, "read", read)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        stop = loop.run_loop(trainer, progress=lambda line: None)
+        stop = loop.run_loop(trainer, report=lambda line: None)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert stop.status == "aborted" and not stop.nonfinite
@@ -53,7 +53,7 @@ def test_compiled_and_graphed_steps_give_the_eager_losses(packed_env, tmp_path, 
         torch._dynamo.reset()
         lines = []
         with torch._dynamo.config.patch(error_on_recompile=True):
-            loop.run_loop(trainer_for(env, tmp_path, **extra), progress=lines.append)
+            loop.run_loop(trainer_for(env, tmp_path, **extra), report=lines.append)
         losses[name] = [float(line.split(" loss ")[1].split()[0]) for line in lines]
     assert len(losses["eager"]) == 20
     np.testing.assert_allclose(losses["switched"], losses["eager"], rtol=2e-2)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -20,6 +21,24 @@ from bertperf.formats.hdf5 import read_datasets
 from bertperf.formats.samples import Samples
 
 STRATIFY_SUMMARY = "stratify.json"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a dataset of one shard format reads and counts."""
+
+    reader: type
+    """Its shards' reader (data/readers.py)."""
+    unit: str
+    """What its counts count: samples, or packed rows."""
+    offsets: str
+    """The HDF5 dataset whose differences are each unit's tokens."""
+    recorded: bool
+    """MANIFEST.json records the counts in this unit (a packed folder's counts sequences)."""
+
+
+KINDS = {detect.UNPADDED: Kind(ShardReader, "samples", "offsets", recorded=True),
+         detect.PACKED: Kind(PackedReader, "rows", "row_offsets", recorded=False)}
 
 
 class ShardDataset:
@@ -40,11 +59,12 @@ class ShardDataset:
             raise UserError("no shards given to the loader")
         first = self._header(self.files[0])
         self.kind = first.kind
+        self.unit = KINDS[first.kind]
         self.max_seq_length = max_seq_length or first.max_seq_length
         self.max_pred = max_pred or first.max_pred
         self.max_seqs_per_row = first.max_seqs_per_row
-        if counts is None:  # recorded counts count sequences of packed shards, not rows
-            found = manifest.sample_counts(self.files) if not self.packed \
+        if counts is None:
+            found = manifest.sample_counts(self.files) if self.unit.recorded \
                 else [None] * len(self.files)
             counts = [first.count] + [c if c is not None else self._header(p).count
                                       for p, c in zip(self.files[1:], found[1:])]
@@ -63,7 +83,7 @@ class ShardDataset:
 
     def _header(self, path: Path) -> detect.Header:
         h = detect.header(path)
-        if h.kind not in (detect.UNPADDED, detect.PACKED):
+        if h.kind not in KINDS:
             raise UserError(f"{path}: a {h.kind} file; training reads bertperf-unpadded/1 or "
                             "bertperf-packed/1 shards (prep unpad, prep pack)")
         if h.kind != getattr(self, "kind", h.kind):
@@ -134,14 +154,14 @@ class ShardDataset:
                 self._readers.move_to_end(shard)
                 return r
             path = self.files[shard]
-            cls = PackedReader if self.packed else ShardReader
-            r = cls(path, use_mmap=self.use_mmap, validate=self.validate)
+            r = self.unit.reader(path, use_mmap=self.use_mmap, validate=self.validate)
             problem = None
             if r.count != self.counts[shard]:
-                problem = (f"holds {r.count} {'rows' if self.packed else 'samples'}, but "
-                           f"{int(self.counts[shard])} were expected (MANIFEST.json stale?)")
+                problem = (f"holds {r.count} {self.unit.unit}, but {int(self.counts[shard])} "
+                           "were expected (MANIFEST.json stale?)")
             elif r.max_seq_length > self.max_seq_length or r.max_pred > self.max_pred or (
-                    self.packed and r.max_seqs_per_row > self.max_seqs_per_row):
+                    self.max_seqs_per_row is not None
+                    and r.max_seqs_per_row > self.max_seqs_per_row):
                 problem = (f"max_seq_length/max_predictions_per_seq {r.max_seq_length}/"
                            f"{r.max_pred} exceed the dataset's {self.max_seq_length}/"
                            f"{self.max_pred}")
@@ -163,11 +183,10 @@ class ShardDataset:
                 self._lengths.move_to_end(shard)
                 return found
         path = self.files[shard]
-        name = "row_offsets" if self.packed else "offsets"
+        name = self.unit.offsets
         offsets = read_datasets(path, [name], f"a {self.kind} shard")[name]
         if len(offsets) != self.counts[shard] + 1:
-            raise UserError(f"{path}: holds {len(offsets) - 1} "
-                            f"{'rows' if self.packed else 'samples'}, but "
+            raise UserError(f"{path}: holds {len(offsets) - 1} {self.unit.unit}, but "
                             f"{int(self.counts[shard])} were expected (MANIFEST.json stale?)")
         found = np.diff(offsets.astype(np.int64)).astype(np.int32)
         with self._lock:
