@@ -43,7 +43,7 @@ def mpi_world_size(environ: Mapping[str, str] | None = None) -> int:
 
 
 def vocab_override(environ: Mapping[str, str] | None = None) -> str | None:
-    """$BERTPERF_VOCAB: a vocab file to use instead of the one found beside the checkout."""
+    """$BERTPERF_VOCAB: a vocab file to use instead of the PyPI package's (bertperf.resources)."""
     environ = os.environ if environ is None else environ
     return environ.get("BERTPERF_VOCAB") or None
 

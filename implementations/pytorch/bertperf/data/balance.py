@@ -1,38 +1,10 @@
-"""Placement of one global batch's samples on the ranks so that every rank gets nearly the same
-number of tokens (sum of L) and of attention cost (sum of L^2), each rank exactly b samples.
-
-  place(lengths, world_size)          -> [W, b] int64: row r holds the indices (into `lengths`)
-                                          of the samples rank r trains on, longest first
-  contiguous(n, world_size)           -> [W, b]: the loader's split today (rank r: rows r*b..)
-  imbalance(lengths, placement)       -> (tokens max/mean, sum L^2 max/mean) over the ranks
-
-Input: the lengths of the W*b samples of one global batch, in stream order (with the loader's
-LOADER_SPLIT=global_batch every rank walks the same stream and so knows every length of the
-batch). Output: a permutation of range(W*b) cut into W rows of b, so the set of samples of the
-global batch is unchanged, only their placement; every rank keeps fixed shapes (b samples).
-
-Algorithm (deterministic: stable sorts, first-index ties, no random numbers):
-  1. Serpentine deal. Sort the samples by length, longest first (stable), and deal them in
-     rounds of W: round k gives its W samples to ranks 0..W-1 when k is even and W-1..0 when k is
-     odd (boustrophedon). Every rank gets one sample a round, so b in all. Two consecutive rounds
-     give rank r the r-th longest a of one round and the r-th shortest c of the next, so for
-     ranks r < s the difference of their pair sums is (a_r - a_s) - (c_W-1-s - c_W-1-r), at most
-     the larger of the two rounds' spreads. The rounds are disjoint blocks of the sorted lengths,
-     so summed over all rounds: after the deal, max - min of the ranks' tokens <= max(L) - min(L)
-     (and of their sum of L^2 <= max(L)^2 - min(L)^2); on MLPerf's length mix with b = 32 that
-     bound is about 4 % of a rank's tokens, what is measured a tenth of it or less. Sorting by L also sorts by L^2, so one deal evens both.
-  2. Refinement, only while the heaviest rank holds more than (1 + tolerance) times the mean
-     tokens (default 0.002; the deal alone usually meets it). While the heaviest and lightest
-     ranks can swap one sample each with a length difference d, 0 < d < their token gap, make
-     the swap whose d is nearest half the gap (ties: the one leaving their L^2 gap smallest,
-     then the first); at most `max_swaps` swaps (default 4*W). Such a swap never raises the
-     maximum nor lowers the minimum token load, so the token imbalance never gets worse than
-     the deal's; the L^2 balance may get slightly worse (the swaps look at tokens first).
-Cost: O(n log n) for the sort plus O(max_swaps * (W + b^2)) for the refinement when it runs.
-
-Not yet used by the loader (data/loader.py): placing samples this way needs the ranks to read
-each other's samples (an exchange after loading) and a resume position per global batch.
-"""
+"""Placement of one global batch's W*b samples on W ranks, b each, so that every rank gets nearly
+the same tokens (sum of L) and attention cost (sum of L^2): `place(lengths, W)` returns a [W, b]
+permutation of the batch's indices (row r: rank r's samples, longest first), deterministic (a
+stable sort, a serpentine deal in rounds of W, then swaps between the heaviest and lightest rank
+while the heaviest is more than `tolerance` above the mean); `contiguous` is the unbalanced split
+and `imbalance` measures a placement. The loader applies it to every global batch with
+BALANCE=1 (docs/design.md, "Balanced placement", has the bound and the swap rule)."""
 
 from __future__ import annotations
 

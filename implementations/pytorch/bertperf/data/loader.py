@@ -1,30 +1,11 @@
 """Per-rank training batches: the epoch order of data/order.py over a data/dataset.py training set,
-collated (data/collate.py) and built ahead on a background thread; exact resume from a sample
-position.
-
-  ShardLoader(dataset, batch_size, rank=, world_size=, seed=, split=, ...)
-        iterate batches, one epoch per `for` loop; state_dict()/load_state_dict() or start_sample=
-        for exact resume; `prefetch` batches built ahead on a thread (the batches are the same
-        with or without it)
-
-Batches: unpadded shards' samples go through `collate` (data/collate.py collate_varlen by
-default; collate_padded for the reference's padded arrays), packed shards' rows through
-collate_packed (fixed-shape rows, at most `masks_per_row` masked tokens per row, checked on every
-row read: one line naming the shard and row otherwise). Every batch carries `global_sequences`:
-the sequences of the whole global batch (every rank's part of it; for packed rows read from every
-rank's rows' index, which with split="shards" means other ranks' shards too), so a trainer counts
-MLPerf's samples without a collective.
-
-Balance (`balance=True`, the trainer's BALANCE): every step's global batch (every rank's samples
-at the same positions) is placed on the ranks by data/balance.py from the samples' lengths (the
-shards' offsets), each rank b of them, read in stream order; the global batches are unchanged.
-Stratified data (a ShardDataset.from_stratified) follows data/order.py's StratifiedPlan.
-
-Resume: `position` is the number of samples of the current epoch this rank has consumed (after the
-batches already yielded). Starting at (epoch, position=k) yields exactly the stream that an
-uninterrupted run yields from its sample k on; when k is a multiple of batch_size the batches are
-identical too. Finishing an epoch moves the loader to (epoch + 1, 0).
-"""
+collated and built ahead on a background thread (`prefetch`; the batches are the same without
+it), resumable at any sample (`position`: samples of the epoch this rank has consumed; state_dict
+/ load_state_dict). Unpadded shards' samples go through `collate` (collate_varlen by default),
+packed shards' rows through collate_packed (at most `masks_per_row` masked tokens a row, checked
+on every row). Every batch carries `global_sequences`, the sequences of the whole global batch,
+so a trainer counts MLPerf's samples without a collective. With `balance` every global batch is
+placed on the ranks by data/balance.py; stratified datasets follow StratifiedPlan."""
 
 from __future__ import annotations
 

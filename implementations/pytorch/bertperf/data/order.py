@@ -1,40 +1,12 @@
-"""Which samples each rank reads in an epoch, and in which order: a pure function of the seed,
-the epoch, the rank, the world size and the shards' sample counts, so that a run can resume at any
-sample exactly.
-
-Below, a "sample" is a row for packed shards (rows hold up to max_seqs_per_row sequences).
-
-Order (a pure function of seed, epoch, rank, world size and the shards' sample counts):
-  1. The shards are permuted with a generator seeded by (seed, epoch): the same on every rank.
-  2. The samples of each shard are permuted with a generator seeded by (seed, epoch, shard index).
-  3. Concatenated in that order they form the epoch's global stream of S samples. Rank r reads the
-     contiguous slice [r*L, (r+1)*L) of it, L = S // world_size. When the shards divide evenly
-     (equal sizes, world_size | number of shards) rank r reads exactly the shards at positions
-     r*N/W ... (r+1)*N/W - 1 of the permutation, each whole and by itself; otherwise a shard that
-     straddles two ranks' slices is read in part by each (disjoint parts of the same permutation).
-  4. Policy when S % world_size != 0: the last S % world_size samples of the global stream are not
-     read in that epoch (fewer than world_size samples; different ones every epoch, since the
-     permutation changes). Every rank therefore reads the same number of samples, L, and so makes
-     the same number of batches, which data-parallel training needs.
-  3b. split="global_batch" (the trainer's default, config LOADER_SPLIT): every rank walks the
-     whole global stream instead, cut into global batches of world_size*batch_size consecutive
-     samples; rank r reads rows [r*b, (r+1)*b) of each (b = batch_size). The union over ranks of
-     each global batch, in rank order, is then exactly the batch of a 1-rank loader with
-     batch_size W*b, so a data-parallel run sees the same global batches whatever the number of
-     ranks. Each rank still reads L = S // world_size samples; when L % b = m != 0 the last
-     (partial) global batch of W*m samples is split the same way, m rows per rank.
-  5. Batches are consecutive runs of `batch_size` samples of the rank's stream; they may span shard
-     boundaries, so shards smaller than a batch are fine. drop_last=True (default) drops the last
-     partial batch of the epoch; drop_last=False yields it, smaller.
-  6. Length-stratified data (`prep stratify` output, LAYOUT=stratified): StratifiedPlan below,
-     every rank's batch drawn from each length bin in fixed proportion.
-Random numbers come from PCG64 raw output (stable across numpy versions) and a stable argsort.
-
-Resume: the loader's `position` is the number of samples of the current epoch this rank has consumed (after the
-batches already yielded). Starting at (epoch, position=k) yields exactly the stream that an
-uninterrupted run yields from its sample k on; when k is a multiple of batch_size the batches are
-identical too. Finishing an epoch moves the loader to (epoch + 1, 0).
-"""
+"""Which samples (packed rows, for packed shards) each rank reads in an epoch, and in which order:
+a pure function of the seed, the epoch, the rank, the world size and the shards' sample counts,
+so a run resumes at any sample exactly. The shards are permuted by (seed, epoch), each shard's
+samples by (seed, epoch, shard); concatenated they are the epoch's global stream, of which rank r
+reads its slice (split="shards") or rows r*b..(r+1)*b of every global batch of W*b consecutive
+samples (split="global_batch": the same global batches at any W); every rank reads S // W samples.
+EpochPlan is that order; StratifiedPlan draws every rank's batch from each length bin of a
+`prep stratify` output in fixed proportion. Random numbers: PCG64 raw output and a stable
+argsort (the same on every numpy). docs/design.md, "Epoch order", has the rules in full."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
-"""Init and the training loop. One optimizer step = GRADIENT_STEPS micro-batches of BATCHSIZE
-sequences (LAYOUT=packed: rows) per rank, backpropagated into the same grads (DDP reduces them on
-the last one), then a clipped LAMB step and a scheduler step.
-
-Loss normalisation (train_step): the step's loss is the MLM cross-entropy summed over every masked
-token of the step (all micro-batches, all ranks) divided by their number, plus the NSP
-cross-entropy summed over every sequence divided by theirs; the counts come from the loader (host
-metadata), are copied with the batches and summed over ranks on the device before backward. The
-MLPerf reference instead takes each micro-batch's mean and lets DDP average them, which equals the
-global mean only when every micro-batch holds the same number of masked tokens; with the global
-counts a W-rank run over the loader's global batches (LOADER_SPLIT=global_batch) computes the same
-gradient as a 1-rank run over the same global batch.
-
-Nothing inside a step waits for the device: the micro-batches are pinned and copied one ahead on a
-side stream (DeviceBatches), the divisors stay on the device, the non-finite-gradient skip and the
-LR are decided there (bertperf.optim), and the loss is accumulated there and read every LOG_FREQ
-steps and at evals (Interval). Samples are counted from the loader's host metadata: a packed step
-trains as many sequences as its rows hold (MLPerf counts sequences), a varlen step
-BATCHSIZE*GRADIENT_STEPS*ranks. Evals at EVAL_ITER_START_SAMPLES and every EVAL_ITER_SAMPLES
-after; the run stops with status success at the first eval >= target, aborted at
-MAX_SAMPLES_TERMINATION or MAX_STEPS, and aborted with exit status 1 when the loss read at a
-report or an eval is not finite."""
+"""Init and the training loop. `setup` builds a run from a prepared configuration (its layout,
+parallelism plan and checkpoint parts: docs/design.md, "The trainer's junction"); `train_step`
+is one optimizer step of GRADIENT_STEPS micro-batches, its loss summed over the step's masked
+tokens and sequences and divided by their global counts; `run_loop` trains, logs, evaluates and
+checkpoints until the target (success), MAX_SAMPLES_TERMINATION or MAX_STEPS (aborted) or a
+non-finite loss (aborted, exit 1). Nothing inside a step waits for the device: the losses are
+read every LOG_FREQ steps and at evals (Interval)."""
 
 from __future__ import annotations
 
