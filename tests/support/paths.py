@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join([str(ROOT / "implementations" / "pytorch"), str(ROOT)])
 """bertperf's package folder and the root (for `tests`), as a child process's PYTHONPATH."""
 SHARED = ROOT.parent / "shared"
-WIKI_SAMPLE = SHARED / "data" / "wiki_sample"
+WIKI_SAMPLE = Path(os.environ.get("WIKI_SAMPLE") or SHARED / "data" / "wiki_sample")
+"""A wikiextractor folder (wiki_00..03) for the tests that need real Wikipedia text: $WIKI_SAMPLE,
+else the developers' sample beside the checkout."""
 TF_CKPT = ROOT / "tests" / "fixtures" / "tf_ckpt"
 """A small TF checkpoint written by real TensorFlow (make_tf_checkpoint.py beside it)."""
