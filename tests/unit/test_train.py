@@ -121,6 +121,10 @@ def test_refused_combinations_are_one_line(tmp_path, change, message):
                                                "DEVICE=cpu$"),
     ({"USE_CUDA_GRAPH": "1", "COMPILE": "eager"}, "^USE_CUDA_GRAPH=1 replays inductor's code: "
                                                   r"COMPILE=eager cannot go with it \(use none"),
+    ({"USE_CUDA_GRAPH": "1", "GRADIENT_STEPS": "2", "FLAT_LAMB": "0"},
+     "^USE_CUDA_GRAPH=1 with GRADIENT_STEPS=2 accumulates gradients across graph replays"),
+    ({"USE_CUDA_GRAPH": "1", "GRADIENT_STEPS": "2", "FUSED_KERNELS": "0"},
+     "only FlatLamb's preallocated gradient buffer survives"),
 ])
 def test_cuda_graphs_refused_on_packed_rows_too(tmp_path, change, message):
     """With the fixed shapes CUDA graphs need, what they still cannot go with."""
@@ -130,6 +134,17 @@ def test_cuda_graphs_refused_on_packed_rows_too(tmp_path, change, message):
     env = packed_copy(env_for(tmp_path), tmp_path / "packed")
     with pytest.raises(UserError, match=message):
         prepare(load({**env, **change}))
+
+
+def test_cuda_graphs_accumulate_into_flat_lamb_buffers(tmp_path):
+    """Accumulating over graph replays is allowed where the gradients live in FlatLamb's buffer
+    (FLAT_LAMB=1, or auto with the fused kernels, or the sharded LAMB)."""
+    from bertperf.config import load
+    from bertperf.train import parallel
+    env = packed_copy(env_for(tmp_path), tmp_path / "packed")
+    for extra in ({"FLAT_LAMB": "1"}, {}, {"SHARDED_LAMB": "1", "FUSED_KERNELS": "0"}):
+        parallel.check(load({**env, "USE_CUDA_GRAPH": "1", "GRADIENT_STEPS": "2", **extra}),
+                       fixed_shapes=True)
 
 
 def test_nvidia_packed_files_are_named_for_conversion(tmp_path):

@@ -81,6 +81,14 @@ REFUSED: tuple[tuple[Callable[[RunConfig, bool], bool], str], ...] = (
      "(use none or inductor)"),
     (lambda cfg, fixed: cfg.train.use_cuda_graph and cfg.train.device == "cpu",
      "USE_CUDA_GRAPH=1 needs a CUDA device, not DEVICE=cpu"),
+    (lambda cfg, fixed: cfg.train.use_cuda_graph and cfg.train.gradient_steps > 1
+     and not cfg.optim.sharded_lamb
+     and (cfg.optim.flat_lamb is False
+          or (cfg.optim.flat_lamb is None and cfg.train.fused_kernels is False)),
+     "USE_CUDA_GRAPH=1 with GRADIENT_STEPS={cfg.train.gradient_steps} accumulates gradients "
+     "across graph replays, which only FlatLamb's preallocated gradient buffer survives (a "
+     "replay frees the graph's outputs, the per-tensor LAMB's first gradients among them): "
+     "FLAT_LAMB=1, or auto with FUSED_KERNELS auto or 1"),
 )
 """(the combination, why it is refused; `why` is formatted with the config as `cfg`): what the
 plan cannot build, said before any log."""
