@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertperf.bench.loader import synthetic_packed, synthetic_samples
+from bertperf.data.synthetic import synthetic_packed, synthetic_samples
 from bertperf.formats.packed import read_packed, write_packed
 from bertperf.formats.padded import write_samples
 from tests.support.mlperf_logs import checker

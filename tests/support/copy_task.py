@@ -82,7 +82,7 @@ def add_manifests(env: dict) -> dict:
 def packed_copy(env: dict, folder: Path) -> dict:
     """env with DATADIR_PHASE2 = its training shards packed into `folder` (bench.loader's greedy
     packing: up to 3 sequences per MSL-token row, in order)."""
-    from bertperf.bench.loader import synthetic_packed
+    from bertperf.data.synthetic import synthetic_packed
     from bertperf.formats.packed import write_packed
     from bertperf.formats.unpadded import read_shard
     folder.mkdir(parents=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertperf.bench.loader import synthetic_packed, synthetic_samples
+from bertperf.data.synthetic import synthetic_packed, synthetic_samples
 from bertperf.formats.packed import write_packed
 from bertperf.formats.padded import write_samples
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.bench.loader import synthetic_samples, write_synthetic_packed, write_synthetic_shards
+from bertperf.data.synthetic import synthetic_samples, write_synthetic_packed, write_synthetic_shards
 from bertperf.data.balance import contiguous, imbalance, loads, place
 
 

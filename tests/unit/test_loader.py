@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bertperf.bench.loader import synthetic_samples, write_synthetic_packed
+from bertperf.data.synthetic import synthetic_samples, write_synthetic_packed
 from bertperf.data.collate import collate_padded, collate_varlen
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.bench.loader import synthetic_samples
+from bertperf.data.synthetic import synthetic_samples
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
 from bertperf.formats.unpadded import read_shard, write_shard

@@ -148,7 +148,7 @@ def test_cuda_graphs_accumulate_into_flat_lamb_buffers(tmp_path):
 
 
 def test_nvidia_packed_files_are_named_for_conversion(tmp_path):
-    from bertperf.bench.loader import synthetic_packed
+    from bertperf.data.synthetic import synthetic_packed
     from bertperf.config import load
     from bertperf.errors import UserError
     from bertperf.formats import nvidia

@@ -95,7 +95,7 @@ def _batch(args: argparse.Namespace, rank: int, vocab: int):
     ranks, over the world size, as the trainer divides)."""
     import torch
 
-    from bertperf.bench.loader import synthetic_samples
+    from bertperf.data.synthetic import synthetic_samples
     from bertperf.data.collate import collate_varlen
     from bertperf.model import UnpaddedBatch
     s = synthetic_samples(args.batch, seed=rank, max_seq_length=args.seq, max_pred=20,

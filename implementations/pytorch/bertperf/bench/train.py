@@ -55,7 +55,8 @@ from pathlib import Path
 import numpy as np
 
 from bertperf.bench.flops import train_flops
-from bertperf.bench.loader import _rss_kb, synthetic_packed, synthetic_samples
+from bertperf.bench.loader import _rss_kb
+from bertperf.data.synthetic import synthetic_packed, synthetic_samples
 from bertperf.data.collate import collate_padded, collate_varlen
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.order import EpochPlan
