@@ -26,9 +26,10 @@ def synthetic_samples(n: int, seed: int, max_seq_length: int = 512, max_pred: in
                                 rng.integers(lo, max(lo, max_seq_length // 4) + 1, n)))
     lengths = np.maximum(lengths, 3).astype(np.int64)
     offsets = offsets_from_lengths(lengths)
-    ids = rng.integers(999, vocab_size, int(offsets[-1]), dtype=np.int64)
-    ids[offsets[:-1]] = 101  # [CLS]
-    ids[offsets[1:] - 1] = 102  # final [SEP]
+    low = 999 if vocab_size > 999 else vocab_size // 2  # word pieces; a tiny vocab's upper half
+    ids = rng.integers(low, vocab_size, int(offsets[-1]), dtype=np.int64)
+    ids[offsets[:-1]] = min(101, vocab_size - 2)  # [CLS]
+    ids[offsets[1:] - 1] = min(102, vocab_size - 1)  # final [SEP]
     b_starts = 2 + (rng.random(n) * (lengths - 2)).astype(np.int64)  # in [2, length - 1]
     counts = np.clip(np.rint(0.15 * lengths).astype(np.int64), 1, min(max_pred, 10**9))
     counts = np.minimum(counts, lengths - 1)
@@ -39,7 +40,7 @@ def synthetic_samples(n: int, seed: int, max_seq_length: int = 512, max_pred: in
     slot0 = np.floor(k * span).astype(np.int64)
     slot1 = np.floor((k + 1) * span).astype(np.int64)
     positions = 1 + slot0 + (rng.random(len(k)) * (slot1 - slot0)).astype(np.int64)
-    mlm_ids = rng.integers(999, vocab_size, len(positions), dtype=np.int64)
+    mlm_ids = rng.integers(low, vocab_size, len(positions), dtype=np.int64)
     nsp = (rng.random(n) < 0.5).astype(np.int64)
     return Samples(ids, offsets, b_starts, positions, mlm_ids, offsets_from_lengths(counts), nsp)
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from bertperf.config import RunConfig
-from bertperf.data.collate import max_masks_per_row
+from bertperf.data.collate import collate_packed, collate_varlen, max_masks_per_row
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.loader import ShardLoader
+from bertperf.data.synthetic import synthetic_packed, synthetic_samples
 from bertperf.errors import UserError
 from bertperf.formats import detect
 from bertperf.formats.packed import packed_meta
@@ -47,6 +50,21 @@ class Layout:
                            seed=cfg.train.seed, prefetch=cfg.data.prefetch,
                            split=cfg.data.loader_split, masks_per_row=masks,
                            balance=cfg.data.balance)
+
+    def synthetic_arrays(self, loader: ShardLoader, vocab_size: int, seed: int) -> dict:
+        """One micro-batch of made-up samples with the run's shapes (packed: the loader's rows
+        and slots; varlen: BATCHSIZE sequences of MLPerf's length mix), as the loader's batches
+        look: for the compile warm-up, which must not read the training data."""
+        samples = synthetic_samples(4 * loader.batch_size, seed, loader.max_seq_length,
+                                    loader.max_pred, vocab_size)
+        if not loader.dataset.packed:
+            part = samples.take(np.arange(loader.batch_size))
+            return {**collate_varlen(part), "global_sequences": np.int64(len(part))}
+        rows = synthetic_packed(samples, loader.max_seq_length, loader.dataset.max_seqs_per_row)
+        arrays = rows.batch(np.arange(loader.batch_size), loader.max_seq_length,
+                            loader.dataset.max_seqs_per_row, loader.max_pred)
+        batch = collate_packed(arrays, loader.masks_per_row)
+        return {**batch, "global_sequences": batch["num_sequences"]}
 
     def sequences_per_row(self, cfg: RunConfig) -> float:
         """How many sequences MLPerf's global_batch_size counts per row (PACKING_FACTOR for packed

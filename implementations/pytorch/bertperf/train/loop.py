@@ -9,6 +9,7 @@ read every LOG_FREQ steps and at evals (Interval)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import random
@@ -26,6 +27,7 @@ from bertperf.benchmark import EVAL_SAMPLES
 from bertperf.config import RunConfig
 from bertperf.errors import UserError
 from bertperf.data.loader import ShardLoader
+from bertperf.data.synthetic import synthetic_samples
 from bertperf.formats.samples import Samples
 from bertperf.kernels import backend
 from bertperf.mlperf.log import Blocks, MLPerfLogger
@@ -201,6 +203,21 @@ class MicroBatch:
     """The loader's counts, on the host."""
 
 
+def to_device(arrays: Mapping, batch_type: type, device: torch.device,
+              stream: torch.cuda.Stream | None = None) -> MicroBatch:
+    """A loader batch as a MicroBatch on `device`: pinned and copied without blocking, on
+    `stream` where given."""
+    host = BatchCounts.from_arrays(arrays)
+    batch = batch_type.from_arrays(arrays)
+    counts = torch.tensor([host.masked, host.sequences], dtype=torch.float64)
+    if device.type == "cuda":
+        batch, counts = batch.pin_memory(), counts.pin_memory()
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        batch = batch.to(device, non_blocking=True)
+        counts = counts.to(device, non_blocking=True)
+    return MicroBatch(batch.inputs(), counts, host)
+
+
 class DeviceBatches:
     """The loader's batches, epoch after epoch, as MicroBatches on `device`, one ahead: when a
     micro-batch is handed out, the next one is pinned and copied (non_blocking, on a side stream
@@ -222,16 +239,7 @@ class DeviceBatches:
 
     def _copy(self) -> tuple[MicroBatch, tuple[int, int]]:
         arrays, state = next(self.arrays)
-        host = BatchCounts.from_arrays(arrays)
-        batch = self.batch_type.from_arrays(arrays)
-        counts = torch.tensor([host.masked, host.sequences], dtype=torch.float64)
-        if self.stream is not None:
-            batch, counts = batch.pin_memory(), counts.pin_memory()
-        with torch.cuda.stream(self.stream) if self.stream is not None else \
-                contextlib.nullcontext():
-            batch = batch.to(self.device, non_blocking=True)
-            counts = counts.to(self.device, non_blocking=True)
-        return MicroBatch(batch.inputs(), counts, host), state
+        return to_device(arrays, self.batch_type, self.device, self.stream), state
 
     def __next__(self) -> MicroBatch:
         if self.arrays is None:
@@ -279,6 +287,51 @@ def train_step(step: Step, micro: list[MicroBatch]) -> torch.Tensor:
     step.scheduler.step(outcome.ok)
     plan.optimizer.zero_grad(set_to_none=True)
     return total
+
+
+WARMUP_STEPS = 3
+"""Optimizer steps of the compile warm-up: CUDA graph trees record a function on its second
+call and replay it from the third."""
+
+
+def warm_up(trainer: Trainer) -> None:
+    """Compile before run_start what the run compiles (torch.compile of the micro-step, its CUDA
+    graphs, the Triton kernels' first launches, the eval's dropout-free variants): WARMUP_STEPS
+    steps and one eval batch on made-up data of the run's shapes, then the model, optimizer,
+    schedule, loss scale and every random generator put back as they were, so the run that
+    follows computes what it would have without it. Only where something compiles (COMPILE,
+    USE_CUDA_GRAPH, CUDA)."""
+    plan, cfg = trainer.plan, trainer.cfg
+    if not (plan.compiled or trainer.device.type == "cuda"):
+        return
+    parts = {name: part for name, part in trainer.checkpointer.parts.items()
+             if name in ("model", "optimizer", "scheduler", "scaler")}
+    saved = {name: _to_host(part.state_dict()) for name, part in parts.items()}
+    generators = checkpoint.RandomState(0, cfg.train.seed, trainer.progress)  # every rank's own
+    random_state = generators.state_dict()
+    layout, vocab = layout_of(cfg), plan.core.config.vocab_size
+    micro = to_device(layout.synthetic_arrays(trainer.loader, vocab, cfg.train.seed),
+                      layout.batch_type, trainer.device)
+    for _ in range(WARMUP_STEPS):
+        train_step(trainer, [micro] * cfg.train.gradient_steps)
+    samples = synthetic_samples(cfg.train.eval_batch_size, cfg.train.seed,
+                                trainer.loader.max_seq_length, trainer.loader.max_pred, vocab)
+    mlm_accuracy(plan.core, samples, cfg.train.eval_batch_size, trainer.dist, trainer.device,
+                 trainer.autocast)
+    for name, part in parts.items():
+        part.load_state_dict(saved[name])
+    generators.load_state_dict(random_state)
+
+
+def _to_host(state):
+    """A copy of a state dict with every tensor on the host (what a checkpoint restores from)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _to_host(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_to_host(v) for v in state)
+    return copy.deepcopy(state)
 
 
 class Interval:
@@ -407,6 +460,7 @@ def main(cfg: RunConfig) -> int:
             resumed = resume(trainer, report)
             if resumed is not None:
                 log.resumed(resumed, trainer.progress.step, trainer.progress.samples)
+            warm_up(trainer)
             log.end(C.INIT_STOP)
             log.start(C.RUN_START)
             try:

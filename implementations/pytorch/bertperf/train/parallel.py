@@ -118,6 +118,8 @@ class Plan:
     max_grad_norm: float | None
     """The global norm the optimizer step clips to (None: none; the reduction clipped, or
     MAX_GRAD_NORM=0)."""
+    compiled: bool = False
+    """The micro-step is compiled (COMPILE, USE_CUDA_GRAPH): its first calls compile it."""
 
     def micro_batch(self, last: bool) -> ContextManager:
         """The context of one micro-batch's forward and backward: a wrapped model reduces only
@@ -153,4 +155,5 @@ def parallelize(core: BertForPreTraining, cfg: RunConfig, dist: Dist, device: to
     forward_loss = compiled_forward_loss(cfg.train.compile, cfg.train.use_cuda_graph,
                                          fullgraph=not reduction.wrapped)
     clip = o.max_grad_norm if reduction.clips_at_step and o.max_grad_norm > 0 else None
-    return Plan(reduction, core, model, optimizer, forward_loss, clip)
+    compiled = cfg.train.compile != "none" or cfg.train.use_cuda_graph
+    return Plan(reduction, core, model, optimizer, forward_loss, clip, compiled)

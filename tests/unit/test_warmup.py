@@ -1,0 +1,76 @@
+"""The compile warm-up (train.loop.warm_up): a compiled run compiles during init, before
+run_start, and then trains exactly as without the warm-up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.packed import packed_env  # noqa: F401
+
+
+def run(env: dict, monkeypatch, warm: bool) -> tuple[list[float], dict, list[str]]:
+    """loop.main in this process: (the losses of every step, dynamo's graph and frame counts
+    at run_start and at the end, the MLPerf log's keys in order)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from bertperf import config
+    from bertperf.train import loop
+    torch._dynamo.reset()
+    counters.clear()
+    losses, seen = [], {}
+    real_step, real_loop = loop.train_step, loop.run_loop
+
+    def recording(step, micro):
+        loss = real_step(step, micro)
+        losses.append(float(loss))
+        return loss
+
+    def counted(trainer, report):
+        seen["run_start"] = dict(counters["stats"])
+        monkeypatch.setattr(loop, "train_step", recording)
+        return real_loop(trainer, report)
+
+    monkeypatch.setattr(loop, "run_loop", counted)
+    if not warm:
+        monkeypatch.setattr(loop, "warm_up", lambda trainer: None)
+    assert loop.main(config.load(env)) == 0
+    monkeypatch.undo()
+    seen["end"] = dict(counters["stats"])
+    log = env["MLLOG_FILE"]
+    keys = [json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in open(log)]
+    return losses, seen, keys
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_compiled_run_compiles_before_run_start_and_trains_the_same(packed_env, tmp_path,
+                                                                      monkeypatch, backend):
+    env = {**packed_env, "COMPILE": backend, "MAX_STEPS": "6", "LOG_FREQ": "1",
+           "EVAL_ITER_START_SAMPLES": "40", "EVAL_ITER_SAMPLES": "40"}
+    cold, cold_counts, _ = run({**env, "MLLOG_FILE": str(tmp_path / "cold.txt")}, monkeypatch,
+                               warm=False)
+    warm, warm_counts, keys = run({**env, "MLLOG_FILE": str(tmp_path / "warm.txt")},
+                                  monkeypatch, warm=True)
+    assert len(cold) == 6 and warm == cold  # bit for bit: the warm-up left no trace
+    # without the warm-up the step compiles after run_start; with it, nothing does
+    assert cold_counts["run_start"].get("unique_graphs", 0) == 0
+    assert cold_counts["end"]["unique_graphs"] >= 1
+    assert warm_counts["run_start"]["unique_graphs"] >= 1
+    assert warm_counts["end"] == warm_counts["run_start"]
+    assert keys.index("init_stop") < keys.index("run_start")
+    assert "eval_accuracy" in keys[keys.index("run_start"):]
+    assert not any(k in ("eval_accuracy", "block_start") for k in keys[:keys.index("run_start")])
+
+
+def test_an_uncompiled_cpu_run_has_no_warm_up(packed_env, tmp_path, monkeypatch):
+    from bertperf.train import loop
+    called = []
+    real = loop.train_step
+    monkeypatch.setattr(loop, "train_step", lambda step, micro: called.append(1) or
+                        real(step, micro))
+    env = {**packed_env, "MAX_STEPS": "2", "MLLOG_FILE": str(tmp_path / "log.txt")}
+    from bertperf import config
+    assert loop.main(config.load(env)) == 0
+    assert len(called) == 2  # the run's two steps only
