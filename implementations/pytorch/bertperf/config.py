@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from bertperf.benchmark import CLOSED, DIVISIONS, TARGET_ACCURACY
+from bertperf.benchmark import CLOSED, DIVISIONS, OPEN, TARGET_ACCURACY
 from bertperf.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -279,6 +279,103 @@ class CheckpointConfig:
 # ---- end of checkpoints ----------------------------------------------------------------------
 
 
+# ---- layerwise training (bertperf.train.layerwise) ----------------------------------------------
+
+LAYERWISE_TRAIN = ("all", "new")
+LAYERWISE_INIT = ("copy", "fresh")
+LAYERWISE_OPTIMIZER = ("reset", "copy")
+LAYERWISE_SCHEDULE = ("continue", "restart")
+
+
+@dataclass(frozen=True)
+class LayerwiseConfig:
+    """Training the encoder in stages of growing depth (open division only): progressive stacking
+    (every layer trains) or multi-stage layerwise training, MSLT (only a stage's new top layers
+    train; the layers below run forward only). Unset: the whole model from the first step."""
+
+    layerwise: str | None = setting("LAYERWISE", str, curve=True, doc="""
+        The stages, comma-separated: LAYERS:SAMPLES (this many encoder layers for this many
+        samples), the last one LAYERS alone (it runs to the end of the run and must be the whole
+        model, BERT_CONFIG's num_hidden_layers); layer counts grow from stage to stage. A stage
+        may end in :all or :new to override LAYERWISE_TRAIN for itself, e.g.
+        "3:50000,6:70000,12" (progressive stacking 3 -> 6 -> 12) or
+        "4:20000,8:20000,12:40000,12:all" (MSLT, then the whole model). A stage begins at the first step after the
+        samples of the earlier ones are trained. Needs SUBMISSION_DIVISION=open.""")
+    layerwise_train: str = setting("LAYERWISE_TRAIN", str, "all", curve=True, doc="""
+        Which parameters a stage after the first trains: "all" (progressive stacking) or "new"
+        (MSLT: only the layers the stage adds, the pooler and the heads; the embeddings, with
+        the MLM decoder's tied matrix, and the layers below are frozen: requires_grad off, run
+        forward under no_grad, in no optimizer or gradient reduction). The first stage trains
+        everything.""")
+    layerwise_init: str = setting("LAYERWISE_INIT", str, "copy", curve=True, doc="""
+        A stage's new layers: "copy" of the top trained layers (layer j of the new ones takes
+        the weights of layer L-k+(j mod k), L the old depth, k = min(L, layers added): 3 -> 6
+        stacks layers 0-2 on themselves) or "fresh" (BERT's random init, drawn with the whole
+        model at the start).""")
+    layerwise_optimizer: str = setting("LAYERWISE_OPTIMIZER", str, "reset", curve=True, doc="""
+        LAMB at a stage boundary: "reset" (moments and step count from zero) or "copy" (a
+        parameter that trained before keeps its moments, a copied layer takes its source's, the
+        step count goes on; the rest start at zero).""")
+    layerwise_schedule: str = setting("LAYERWISE_SCHEDULE", str, "continue", curve=True, doc="""
+        The LR schedule at a stage boundary: "continue" (the one schedule over MAX_STEPS goes on)
+        or "restart" (warm-up again from the boundary, then the decay over the steps left to
+        MAX_STEPS).""")
+
+
+def layerwise_stages(text: str) -> list[tuple[int, int | None, str | None]]:
+    """LAYERWISE parsed: [(layers, samples or None for the last stage, "all"/"new" or None)];
+    a one-line UserError for what does not parse."""
+    stages = []
+    items = [item.strip() for item in text.split(",")]
+    for i, item in enumerate(items):
+        fields_ = item.split(":")
+        mode = fields_.pop() if fields_[-1].strip() in LAYERWISE_TRAIN else None
+        last = i == len(items) - 1
+        try:
+            numbers = [int(x) for x in fields_]
+        except ValueError:
+            numbers = []
+        if len(numbers) != (1 if last else 2):
+            want = "LAYERS[:all|new]" if last else "LAYERS:SAMPLES[:all|new]"
+            raise UserError(f"LAYERWISE={text!r}: stage {i + 1} {item!r} is not {want} (whole "
+                            "numbers; the last stage has no SAMPLES: it runs to the end)")
+        layers, samples = numbers[0], (None if last else numbers[1])
+        if layers < 1 or (samples is not None and samples < 1):
+            raise UserError(f"LAYERWISE={text!r}: stage {i + 1} {item!r} needs at least 1 layer "
+                            "and 1 sample")
+        if stages and layers < stages[-1][0]:
+            raise UserError(f"LAYERWISE={text!r}: stage {i + 1} has fewer layers ({layers}) than "
+                            f"the one before ({stages[-1][0]}); stages only add layers")
+        stages.append((layers, samples, mode))
+    return stages
+
+
+def _validate_layerwise(cfg: RunConfig) -> None:
+    """LAYERWISE_* values, the stages' syntax and the open division (the last stage against the
+    model: train.checks.check_run)."""
+    lw = cfg.layerwise
+    for key, value, allowed in (("LAYERWISE_TRAIN", lw.layerwise_train, LAYERWISE_TRAIN),
+                                ("LAYERWISE_INIT", lw.layerwise_init, LAYERWISE_INIT),
+                                ("LAYERWISE_OPTIMIZER", lw.layerwise_optimizer,
+                                 LAYERWISE_OPTIMIZER),
+                                ("LAYERWISE_SCHEDULE", lw.layerwise_schedule, LAYERWISE_SCHEDULE)):
+        if value not in allowed:
+            raise UserError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
+    if lw.layerwise is None:
+        return
+    stages = layerwise_stages(lw.layerwise)
+    for i, (layers, _, mode) in enumerate(stages[1:], 1):
+        if (mode or lw.layerwise_train) == "new" and layers == stages[i - 1][0]:
+            raise UserError(f"LAYERWISE={lw.layerwise!r}: stage {i + 1} trains only new layers "
+                            f"and adds none ({layers} after {layers}); end it in :all")
+    if cfg.train.submission_division != OPEN:
+        raise UserError(f"LAYERWISE is an open-division method: set SUBMISSION_DIVISION=open "
+                        f"(not {cfg.train.submission_division})")
+
+
+# ---- end of layerwise training ------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class DistConfig:
     """Where this process sits in the job: from torchrun (RANK/WORLD_SIZE/LOCAL_RANK), OpenMPI
@@ -347,6 +444,8 @@ class RunConfig:
         launcher's variables (torchrun, OpenMPI, a Slurm step); these say where the ranks meet."""})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": """
         Checkpoint saving and resuming (bertperf.train.checkpoint)."""})
+    layerwise: LayerwiseConfig = field(default_factory=LayerwiseConfig, metadata={"doc": """
+        Layerwise training: the encoder grown in stages (bertperf.train.layerwise)."""})
 
     @property
     def rows_per_step(self) -> int:
@@ -367,7 +466,7 @@ class RunConfig:
         return self.train.log_file or self.train.output_dir / "result_0.txt"
 
 
-SECTIONS = ("model", "data", "optim", "train", "checkpoint", "dist")
+SECTIONS = ("model", "data", "optim", "train", "checkpoint", "layerwise", "dist")
 
 
 def section_fields() -> Iterator[tuple[str, Any]]:
@@ -537,6 +636,7 @@ def validate(cfg: RunConfig) -> None:
         raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "
                         f"({init}.index)")
     _validate_checkpoint(cfg.checkpoint)
+    _validate_layerwise(cfg)
 
 
 def _validate_checkpoint(ck: CheckpointConfig) -> None:

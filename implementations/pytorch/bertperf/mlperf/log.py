@@ -38,6 +38,11 @@ RESUMED = "resumed"
 """Our extra key (the checkers skip unknown keys): value = the checkpoint a resumed run starts
 from; metadata step and samples_count, where it goes on. Logged during init."""
 
+LAYERWISE_STAGE = "layerwise_stage"
+"""Our extra key, as RESUMED (the checkers skip unknown keys): value = the stage a LAYERWISE run
+trains in from here (1 = the first); metadata samples_count and step (where it begins), layers
+(the encoder's depth) and trained ("all" or "new"). Logged when a stage begins."""
+
 
 def keep_previous(path: Path) -> Path | None:
     """Move an earlier log at `path` to <path>.N, N one above the highest kept already (so no
@@ -217,6 +222,14 @@ class MLPerfLogger:
         """The RESUMED event: this run goes on from `checkpoint`, after `step` optimizer steps and
         `samples` samples. Call during init."""
         self.event(RESUMED, str(checkpoint), metadata={"step": step, "samples_count": samples})
+
+    def layerwise_stage(self, stage: int, layers: int, trained: str, step: int,
+                        samples: int) -> None:
+        """The LAYERWISE_STAGE event: stage `stage` (1-based) of `layers` encoder layers, which
+        trains `trained` ("all" or "new") of them, begins after `step` steps and `samples`
+        samples."""
+        self.event(LAYERWISE_STAGE, stage, metadata={"layers": layers, "trained": trained,
+                                                     "step": step, "samples_count": samples})
 
 
 class Blocks:

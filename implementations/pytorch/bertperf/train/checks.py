@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from bertperf import config
-from bertperf.config import RunConfig
+from bertperf.config import RunConfig, layerwise_stages
 from bertperf.errors import UserError
 from bertperf.formats import detect
 from bertperf.kernels import backend
@@ -52,6 +52,12 @@ def check_run(cfg: RunConfig) -> BertConfig:
         raise UserError(f"BERT_CONFIG {cfg.model.bert_config}: max_position_embeddings "
                         f"{config.max_position_embeddings} is below the data's sequence length "
                         f"{length} (max_seq_length of {source})")
+    if cfg.layerwise.layerwise is not None:
+        last = layerwise_stages(cfg.layerwise.layerwise)[-1][0]
+        if last != config.num_hidden_layers:
+            raise UserError(f"LAYERWISE={cfg.layerwise.layerwise!r}: the last stage must be the "
+                            f"whole model, BERT_CONFIG {cfg.model.bert_config}'s "
+                            f"{config.num_hidden_layers} layers, not {last}")
     return config
 
 

@@ -35,7 +35,7 @@ from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
 from bertperf.model import BatchCounts, BertForPreTraining
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, mlperf_hparams,
                             resolve_warmup)
-from bertperf.train import checkpoint, preflight, warmstart
+from bertperf.train import checkpoint, layerwise, preflight, warmstart
 from bertperf.train import dist as distributed
 from bertperf.train.checks import check_run, on_cpu, prepare, run_warnings
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
@@ -79,7 +79,9 @@ class Trainer(Step):
     """The loop's counters."""
     checkpointer: checkpoint.Checkpointer
     """The run's checkpoint parts (model, fingerprint, optimizer, schedule, loss scale, loader,
-    progress, random states)."""
+    progress, random states; LAYERWISE: the stage)."""
+    stages: layerwise.Stages
+    """LAYERWISE's stages: `before_step` may replace the plan and the schedule."""
 
 
 def autocast_for(cfg: RunConfig, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:  # noqa: E501
@@ -129,6 +131,7 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     core = BertForPreTraining(check_run(cfg)).to(device)
     if cfg.model.init_checkpoint is not None:
         warmstart.load_weights(core, cfg.model.init_checkpoint)
+    stages = layerwise.Stages(cfg, core)  # LAYERWISE: the encoder cut to its first stage
     step = build_step(cfg, dist, device, core)
     plan, scheduler, scaler = step.plan, step.scheduler, step.scaler
     dataset = layout.dataset(cfg.data.train_dir)
@@ -169,9 +172,11 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
              **({"scaler": checkpoint.LossScale(scaler)} if scaler is not None else {}),
              "loader": batches, "progress": progress,
              "rng": checkpoint.RandomState(dist.rank, cfg.train.seed, progress)}
-    return Trainer(cfg, dist, device, plan, scheduler, scaler, loader, batches, eval_share, log,
-                   global_batch_size, progress,
-                   checkpoint.Checkpointer(parts, cfg.checkpoint, dist, device))
+    trainer = Trainer(cfg, dist, device, plan, scheduler, scaler, loader, batches, eval_share,
+                      log, global_batch_size, progress,
+                      checkpoint.Checkpointer(parts, cfg.checkpoint, dist, device), stages)
+    trainer.checkpointer.parts = stages.parts(trainer, parts)
+    return trainer
 
 
 def build_step(cfg: RunConfig, dist: distributed.Dist, device: torch.device,
@@ -391,6 +396,7 @@ def run_loop(trainer: Trainer, report: Callable[[str], None]) -> Stop:
     interval = Interval(trainer.device)
     while True:
         distributed.raise_if_terminated()
+        trainer.stages.before_step(trainer)  # LAYERWISE: a new stage's plan and schedule
         micro = [next(trainer.batches) for _ in range(cfg.train.gradient_steps)]
         interval.add(train_step(trainer, micro), micro)
         progress.step += 1

@@ -1,0 +1,227 @@
+"""Layerwise training (LAYERWISE, bertperf.train.layerwise) on one CPU rank: the settings' one-line
+errors, what a stage trains (frozen layers absent from gradients, the optimizer and its flat
+buffer; their forward keeps no graph), the stage events in a log that passes the compliance
+checker, a resume in the middle of a stage and across a boundary (the same losses bit for bit),
+and the packed layout compiled once per stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.copy_task import make_dataset
+from tests.support.mlperf_logs import checker, events
+from tests.support.packed import packed_env  # noqa: F401
+
+N = 16  # steps; 8 samples a step, 64 training samples: 8 steps an epoch
+DEPTH = 4
+
+
+def deep_config(path: Path, layers: int = DEPTH, dropout: float = 0.1) -> Path:
+    path.write_text(json.dumps({"vocab_size": 32, "hidden_size": 32, "num_hidden_layers": layers,
+                                "num_attention_heads": 2, "intermediate_size": 64,
+                                "max_position_embeddings": 16, "hidden_dropout_prob": dropout,
+                                "attention_probs_dropout_prob": dropout}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("lwdata")
+    env = make_dataset(root / "data", n_train=64, n_eval=16)
+    env["BERT_CONFIG"] = str(deep_config(root / "deep.json"))
+    return env
+
+
+def base_env(data: dict, out: Path, **extra: str) -> dict:
+    return {**data, "BATCHSIZE": "4", "GRADIENT_STEPS": "2", "LR": "0.01", "MAX_STEPS": str(N),
+            "WARMUP_PROPORTION": "0.2", "EVAL_ITER_SAMPLES": "24", "TARGET_MLM_ACCURACY": "0.99",
+            "SUBMISSION_DIVISION": "open", "SEED": "3", "LOG_FREQ": "0", "LOGDIR": str(out),
+            "MLLOG_FILE": str(out / "log.txt"), "LAYERWISE": "2:40,3:24,4",
+            "DATA_VERIFY": "none", **extra}
+
+
+def run(monkeypatch, env: dict, inspect=None) -> list[float]:
+    """loop.main in this process: the per-step losses; `inspect(trainer)` after every step."""
+    from bertperf import config
+    from bertperf.train import loop
+    losses: list[float] = []
+    real = loop.train_step
+
+    def recording(trainer, micro):
+        result = real(trainer, micro)
+        losses.append(float(result))
+        if inspect is not None:
+            inspect(trainer)
+        return result
+
+    monkeypatch.setattr(loop, "train_step", recording)
+    assert loop.main(config.load(env)) == 0
+    monkeypatch.setattr(loop, "train_step", real)
+    return losses
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"LAYERWISE": "2,4"}, "LAYERWISE='2,4': stage 1 '2' is not LAYERS:SAMPLES[:all|new]"),
+    ({"LAYERWISE": "2:x,4"}, "stage 1 '2:x' is not LAYERS:SAMPLES[:all|new]"),
+    ({"LAYERWISE": "3:8,2:8,4"}, "stage 2 has fewer layers (2) than the one before (3)"),
+    ({"LAYERWISE": "2:8,4:8"}, "stage 2 '4:8' is not LAYERS[:all|new]"),
+    ({"LAYERWISE": "2:0,4"}, "needs at least 1 layer and 1 sample"),
+    ({"LAYERWISE": "2:8,2:8,4", "LAYERWISE_TRAIN": "new"},
+     "stage 2 trains only new layers and adds none (2 after 2); end it in :all"),
+    ({"LAYERWISE_TRAIN": "some"}, "LAYERWISE_TRAIN must be one of all, new, not 'some'"),
+    ({"LAYERWISE_INIT": "zero"}, "LAYERWISE_INIT must be one of copy, fresh, not 'zero'"),
+    ({"LAYERWISE_OPTIMIZER": "x"}, "LAYERWISE_OPTIMIZER must be one of reset, copy, not 'x'"),
+    ({"LAYERWISE_SCHEDULE": "x"}, "LAYERWISE_SCHEDULE must be one of continue, restart"),
+    ({"SUBMISSION_DIVISION": "closed", "TARGET_MLM_ACCURACY": "0.72"},
+     "LAYERWISE is an open-division method: set SUBMISSION_DIVISION=open (not closed)"),
+    ({"LAYERWISE": "2:8,3"}, "LAYERWISE='2:8,3': the last stage must be the whole model, "
+                             "BERT_CONFIG"),
+])
+def test_bad_settings_are_one_line_errors(tmp_path, data, extra, message):
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train.checks import prepare
+    with pytest.raises(UserError) as err:
+        prepare(config.load(base_env(data, tmp_path, **extra)))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_copy_sources_stack_the_top_layers():
+    from bertperf.train.layerwise import copy_sources
+    assert copy_sources(3, 6) == {3: 0, 4: 1, 5: 2}
+    assert copy_sources(6, 12) == {6: 0, 7: 1, 8: 2, 9: 3, 10: 4, 11: 5}
+    assert copy_sources(6, 9) == {6: 3, 7: 4, 8: 5}
+    assert copy_sources(2, 7) == {2: 0, 3: 1, 4: 0, 5: 1, 6: 0}
+    assert copy_sources(4, 4) == {}
+
+
+def by_name(optimizer) -> dict[str, dict]:
+    """An optimizer's state by parameter name (Lamb's state_dict format)."""
+    state = optimizer.state_dict()
+    return {name: state["state"][i] for g in state["param_groups"]
+            for i, name in zip(g["params"], g["param_names"]) if i in state["state"]}
+
+
+def test_mslt_trains_only_new_layers_and_logs_its_stages(tmp_path, monkeypatch, data):
+    """LAYERWISE_TRAIN=new: after each boundary the embeddings and the old layers have no
+    gradient, are not in the optimizer (nor in FlatLamb's flat buffer) and their outputs carry
+    no autograd graph; a new layer is a copy of the top one, its moments its source's; the log
+    marks the three stages and passes the compliance checker."""
+    from bertperf.train import layerwise
+    seen, outputs, boundaries = [], {}, []
+    real_enter = layerwise.Stages.enter
+
+    def enter(stages, trainer, index, boundary):
+        before = by_name(trainer.plan.optimizer)
+        real_enter(stages, trainer, index, boundary)
+        layers = trainer.plan.core.bert.encoder.layer
+        new, source = len(layers) - 1, len(layers) - 2
+        prefix = "bert.encoder.layer."
+        for (name, p), q in zip(layers[new].named_parameters(), layers[source].parameters()):
+            assert torch.equal(p, q), name
+        after = by_name(trainer.plan.optimizer)
+        for name in after:
+            if name.startswith(f"{prefix}{new}."):
+                src = name.replace(f"{prefix}{new}.", f"{prefix}{source}.")
+                assert torch.equal(after[name]["exp_avg"], before[src]["exp_avg"]), name
+                assert after[name]["exp_avg"].abs().sum() > 0
+        boundaries.append(sorted(after) == sorted(
+            n for n, p in trainer.plan.core.named_parameters() if p.requires_grad))
+
+    def inspect(trainer):
+        core, opt = trainer.plan.core, trainer.plan.optimizer
+        encoder = core.bert.encoder
+        assert isinstance(encoder, layerwise.StagedEncoder)
+        if not outputs:
+            for i, layer in enumerate(trainer.stages.spare):
+                layer.register_forward_hook(
+                    lambda m, args, out, i=i: outputs.__setitem__(i, out.requires_grad))
+        trained = {n for n, p in core.named_parameters() if p.requires_grad}
+        with_grad = {n for n, p in core.named_parameters() if p.grad is not None}
+        in_opt = {n for g in opt.param_groups for n in g["param_names"]}
+        numel = sum(p.numel() for p in core.parameters() if p.requires_grad)
+        seen.append((len(encoder.layer), encoder.frozen, trained, in_opt, with_grad,
+                     opt._weights.numel() == numel, dict(outputs)))
+        outputs.clear()
+        outputs[-1] = True
+
+    monkeypatch.setattr(layerwise.Stages, "enter", enter)
+    out = tmp_path / "out"
+    losses = run(monkeypatch, base_env(data, out, LAYERWISE_TRAIN="new", FLAT_LAMB="1",
+                                       LAYERWISE_OPTIMIZER="copy"), inspect)
+    assert len(losses) == N and boundaries == [True, True]
+    assert [(d, f) for d, f, *_ in seen] == [(2, 0)] * 5 + [(3, 2)] * 3 + [(4, 3)] * 8
+    for step, (depth, frozen, trained, in_opt, with_grad, flat, graph) in enumerate(seen):
+        assert in_opt == trained and with_grad <= trained and flat
+        if step:  # the hooks are there from the second step
+            assert graph == {-1: True, **{i: i >= frozen for i in range(depth)}}
+        if frozen:
+            assert not any(n.startswith("bert.embeddings.") for n in trained)
+            assert not any(n.startswith(f"bert.encoder.layer.{i}.") for i in range(frozen)
+                           for n in trained)
+            assert all(any(n.startswith(f"bert.encoder.layer.{i}.") for n in trained)
+                       for i in range(frozen, depth))
+            assert {"cls.predictions.bias", "bert.pooler.dense.weight"} <= trained
+        else:
+            assert "bert.embeddings.word_embeddings.weight" in trained
+    log = events(out / "log.txt")
+    stages = [(e["value"], e["metadata"]["layers"], e["metadata"]["trained"],
+               e["metadata"]["step"], e["metadata"]["samples_count"])
+              for e in log if e["key"] == "layerwise_stage"]
+    assert stages == [(1, 2, "all", 0, 0), (2, 3, "new", 5, 40), (3, 4, "new", 8, 64)]
+    assert "SUCCESS" in checker(out / "log.txt").stderr
+
+
+@pytest.mark.parametrize("options", [
+    {"LAYERWISE_TRAIN": "new", "LAYERWISE_INIT": "copy", "LAYERWISE_OPTIMIZER": "copy",
+     "LAYERWISE_SCHEDULE": "restart"},
+    {"LAYERWISE_TRAIN": "all", "LAYERWISE_INIT": "fresh", "LAYERWISE_OPTIMIZER": "reset",
+     "LAYERWISE_SCHEDULE": "continue"},
+], ids=["mslt", "stacking"])
+def test_resume_in_a_stage_and_across_boundaries_gives_the_same_losses(tmp_path, monkeypatch,
+                                                                       data, options):
+    """Checkpoints at steps 4 (stage 1; its boundary comes at step 5), 6 (in stage 2) and 8
+    (stage 2 done, stage 3 begins at the next step): each resumes to the uninterrupted run's
+    losses and final weights and moments, bit for bit (dropout on)."""
+    from bertperf.train.checkpoint import file_name
+    full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck_a"),
+                                     **options))
+    assert len(full) == N and len(set(full)) == N
+    ck = tmp_path / "ck_b"
+    half = run(monkeypatch, base_env(data, tmp_path / "b", CHECKPOINT_DIR=str(ck),
+                                     CHECKPOINT_EVERY="2", MAX_SAMPLES_TERMINATION="72",
+                                     **options))
+    assert half == full[:9]
+    end = torch.load(tmp_path / "ck_a" / file_name(N), weights_only=True)
+    assert end["layerwise"] == {"stage": 2, "began_at_step": 8}
+    for k in (4, 6, 8):
+        out = tmp_path / f"r{k}"
+        rest = run(monkeypatch, base_env(data, out, CHECKPOINT_DIR=str(tmp_path / f"ck_{k}"),
+                                         RESUME_FROM=str(ck / file_name(k)), **options))
+        assert rest == full[k:], k  # bitwise: float == float
+        again = torch.load(tmp_path / f"ck_{k}" / file_name(N), weights_only=True)
+        for name, tensor in end["model"].items():
+            assert torch.equal(tensor, again["model"][name]), name
+        for i, state in end["optimizer"]["state"].items():
+            for key, tensor in state.items():
+                assert torch.equal(tensor, again["optimizer"]["state"][i][key]), (i, key)
+        assert again["scheduler"] == end["scheduler"]
+        assert "SUCCESS" in checker(out / "log.txt").stderr
+
+
+def test_a_checkpoint_of_other_stages_is_refused_in_one_line(tmp_path, monkeypatch, data):
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train import loop
+    from bertperf.train.checkpoint import file_name
+    run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck"),
+                              MAX_STEPS="6"))
+    env = base_env(data, tmp_path / "b", LAYERWISE="3:40,4", MAX_STEPS="6",
+                   RESUME_FROM=str(tmp_path / "ck" / file_name(6)))
+    with pytest.raises(UserError) as err:
+        loop.main(config.load(env))
+    assert "saved with LAYERWISE='2:40,3:24,4', this run has '3:40,4'" in str(err.value)
