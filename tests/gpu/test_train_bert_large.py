@@ -1,8 +1,8 @@
-"""300 steps of BERT-large from random weights on the Wikipedia sample's packed shards, on the
-GPU, with the single-H100 recipe's settings (config_DGXH100_1x1x*.sh; one micro-batch a step):
-the loss falls. The shards are made with the project's own commands when missing (`make
-demo-wiki`, then `prep pack`, into out/wiki_sample). Part of `make gpu-check`, which appends the
-run's summary to its report ($GPU_CHECK_REPORT). Skipped without CUDA."""
+"""300 steps of BERT-large from random weights on packed 512-token samples (make gpu-check's data:
+a Wikipedia extract, or FOLDOC; tests/gpu/conftest.py), on the GPU, with the single-H100 recipe's
+settings (config_DGXH100_1x1x*.sh; one micro-batch a step): the loss falls. Part of `make
+gpu-check`, which appends the run's summary to its report ($GPU_CHECK_REPORT). Skipped without
+CUDA."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +19,6 @@ from tests.support.scripts import LAUNCH_VARS, config_env
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-WIKI = ROOT / "out" / "wiki_sample"
 STEPS = 300
 PROGRESS = re.compile(r"^step (\d+) samples (\d+) loss ([\d.]+) lr \S+ seq/s ([\d.]+) "
                       r"tokens/s (\d+)")
@@ -31,30 +29,17 @@ def bertperf(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess
                           capture_output=True, text=True, check=False)
 
 
-@pytest.fixture(scope="module")
-def packed_shards(wiki_sample) -> Path:
-    """out/wiki_sample/packed, prepared as `make demo-wiki` and `prep pack` make it (both skip
-    what is already there and verifies)."""
-    if not (WIKI / "unpadded" / "MANIFEST.json").is_file():
-        run = subprocess.run(["make", "demo-wiki", f"WIKI_SAMPLE={wiki_sample}"], cwd=ROOT, capture_output=True, text=True,
-                             check=False)
-        assert run.returncode == 0, run.stderr[-2000:]
-    run = bertperf("prep", "pack", "--input", str(WIKI / "unpadded"),
-                   "--output", str(WIKI / "packed"))
-    assert run.returncode == 0, run.stderr[-2000:]
-    return WIKI / "packed"
-
-
-def test_bert_large_loss_falls_in_300_steps(packed_shards, tmp_path):
+def test_bert_large_loss_falls_in_300_steps(bert_large_data, tmp_path):
     from bertperf.formats import detect
     from bertperf.formats.packed import packed_meta
 
+    packed_shards, eval_file = bert_large_data
     metas = [packed_meta(path) for path in detect.sample_files(packed_shards, "training")]
     per_row = sum(m["sequences"] for m in metas) / sum(m["rows"] for m in metas)
     (recipe,) = ROOT.glob("config_DGXH100_1x1x*.sh")
     env = {k: v for k, v in config_env(recipe).items() if k not in LAUNCH_VARS}
     env.update(DATADIR_PHASE2=str(packed_shards), LAYOUT="packed",
-               EVAL_FILE=str(WIKI / "hdf5" / "eval" / "eval_10k.hdf5"),
+               EVAL_FILE=str(eval_file),
                PACKING_FACTOR=f"{per_row:.3f}",
                INIT_CHECKPOINT="", GRADIENT_STEPS="1", MAX_STEPS=str(STEPS), LR="1e-3",
                WARMUP_STEPS="30", LOG_FREQ="10", EVAL_ITER_START_SAMPLES="10000",
@@ -69,7 +54,7 @@ def test_bert_large_loss_falls_in_300_steps(packed_shards, tmp_path):
     first, last = losses[0], min(losses[-3:])
     accuracy = re.findall(r"mlm accuracy ([\d.]+)", run.stderr)
     summary = (f"`make gpu-check`, {torch.cuda.get_device_name()}: {STEPS} steps of BERT-large "
-               f"from random weights, {env['BATCHSIZE']} packed rows a step (wiki sample), "
+               f"from random weights, {env['BATCHSIZE']} packed rows a step ({packed_shards.parent.name}), "
                f"PRECISION={env['PRECISION']}: loss {first:.3f} at step {progress[0][0]} -> "
                f"{losses[-1]:.3f} at step {STEPS}"
                + (f", masked-LM accuracy {accuracy[-1]}" if accuracy else "")
