@@ -225,3 +225,90 @@ def test_a_checkpoint_of_other_stages_is_refused_in_one_line(tmp_path, monkeypat
     with pytest.raises(UserError) as err:
         loop.main(config.load(env))
     assert "saved with LAYERWISE='2:40,3:24,4', this run has '3:40,4'" in str(err.value)
+
+
+def test_packed_compiled_run_compiles_once_per_stage(packed_env, tmp_path, monkeypatch):
+    """LAYOUT=packed with COMPILE=aot_eager and MSLT: the step compiles once for each stage (the
+    first during init), not at every step; the frozen layers run in the graph under no_grad."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    env = {**packed_env, "BERT_CONFIG": str(packed_deep(Path(packed_env["BERT_CONFIG"]),
+                                                         tmp_path / "deep.json")),
+           "COMPILE": "aot_eager", "MAX_STEPS": "8", "LOG_FREQ": "1", "LAYERWISE": "2:40,4",
+           "LAYERWISE_TRAIN": "new", "MLLOG_FILE": str(tmp_path / "log.txt")}
+    losses = run(monkeypatch, env, lambda trainer: graphs.append(
+        (len(trainer.plan.core.bert.encoder.layer), counters["stats"]["unique_graphs"])))
+    assert len(losses) == 3 + 8 and torch.isfinite(torch.tensor(losses)).all()  # warm-up: 3
+    depths = [d for d, _ in graphs]
+    assert depths[0] == 2 and depths[-1] == 4 and depths == sorted(depths)
+    per_stage = {d: {g for dd, g in graphs if dd == d} for d in (2, 4)}
+    assert all(len(counts) == 1 for counts in per_stage.values()), per_stage
+    assert per_stage[4].pop() > per_stage[2].pop()
+
+
+def packed_deep(config: Path, path: Path) -> Path:
+    """tests.support.packed's tiny config with DEPTH layers."""
+    path.write_text(json.dumps({**json.loads(config.read_text()), "num_hidden_layers": DEPTH}))
+    return path
+
+
+@pytest.fixture
+def gloo_group(tmp_path):
+    """A one-process gloo group (DDP and the sharded LAMB need one)."""
+    import torch.distributed as tdist
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                             world_size=1)
+    yield
+    tdist.destroy_process_group()
+
+
+@pytest.mark.parametrize("reduction", ["allreduce", "reduce_scatter"])
+def test_frozen_layers_are_in_no_ddp_bucket_nor_sharded_state(tmp_path, monkeypatch, data,
+                                                              gloo_group, reduction):
+    """Through DDP (forced on one gloo rank) every bucket the reducer all-reduces holds only the
+    stage's trained parameters, and DDP's reducer holds only theirs; with SHARDED_LAMB=1
+    (reduce-scatter, no DDP) the sharded flat buffer holds only theirs too."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from bertperf.train import layerwise, loop, parallel
+    monkeypatch.setattr(parallel, "reduction_for",
+                        lambda cfg, world_size: parallel.REDUCTIONS[reduction])
+    reduced, checked = [], []
+    real_parallelize = parallel.parallelize
+
+    def parallelize(core, *args):
+        plan = real_parallelize(core, *args)
+        names = {id(p): n for n, p in core.named_parameters()}
+
+        def recording(state, bucket):
+            reduced.append([names[id(p)] for p in bucket.parameters()])
+            return allreduce_hook(state, bucket)
+        if reduction == "allreduce":
+            plan.model.register_comm_hook(None, recording)
+        return plan
+
+    def inspect(trainer):
+        core, plan = trainer.plan.core, trainer.plan
+        trained = {n for n, p in core.named_parameters() if p.requires_grad}
+        if reduction == "allreduce":
+            ddp = plan.model._get_ddp_logging_data()  # what DDP's reducer holds
+            numel = sum(p.numel() for p in core.parameters() if p.requires_grad)
+            assert ddp["num_parameter_tensors"] == len(trained)
+            assert ddp["total_parameter_size_bytes"] == 4 * numel
+            assert reduced and all(set(b) <= trained for b in reduced)
+            assert set().union(*map(set, reduced)) == trained
+            reduced.clear()
+        else:
+            assert type(plan.optimizer).__name__ == "ShardedLamb"
+            assert plan.optimizer._layout.numel == sum(
+                p.numel() for p in core.parameters() if p.requires_grad)
+        checked.append(frozenset(trained))
+
+    for module in (loop, layerwise):
+        monkeypatch.setattr(module, "parallelize", parallelize)
+    extra = {"SHARDED_LAMB": "1"} if reduction == "reduce_scatter" else {}
+    losses = run(monkeypatch, base_env(data, tmp_path / "out", LAYERWISE_TRAIN="new",
+                                       LAYERWISE_OPTIMIZER="copy", **extra), inspect)
+    assert len(losses) == N and len(set(checked)) == 3  # three stages, three trained sets
