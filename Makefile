@@ -91,10 +91,12 @@ demo-wiki: setup
 
 # `prep create` against the MLCommons reference script, whole processes, one core each; REFERENCE
 # is a folder with the reference create_pretraining_data.py and tokenization.py (mlcommons/training,
-# retired_benchmarks/bert/cleanup_scripts); without it the reference row is left out.
+# retired_benchmarks/bert/cleanup_scripts), run under the TensorFlow stand-in tools/tf_stub; without
+# it the reference row is left out.
 bench-prep: setup
 	$(NEED_WIKI)
-	$(PY) -m bertperf bench prep --text $(WIKI_SAMPLE) $(if $(REFERENCE),--reference $(REFERENCE))
+	$(PY) -m bertperf bench prep --text $(WIKI_SAMPLE) --tf-stub tools/tf_stub \
+	  $(if $(REFERENCE),--reference $(REFERENCE))
 
 # One CUDA GPU, under 10 minutes on an H100: tests/gpu (every kernel and path against its reference
 # on CUDA, CUDA graphs, no host syncs, and 300 steps of BERT-large from random weights on the wiki

@@ -1,16 +1,23 @@
 """`bench prep`: runs end to end on a small text, with the reference row driven through the
-TensorFlow stand-in by a script that uses the same TF 1.x calls as the reference."""
+TensorFlow stand-in (tools/tf_stub, outside the package) by a script that uses the same TF 1.x
+calls as the reference."""
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 
+import bertperf
 from bertperf.__main__ import main
-from bertperf.bench.prep import STUB
 from bertperf.model.tf_checkpoint import crc32c_numpy
+from tests.support.paths import ROOT
+
+STUB = ROOT / "tools" / "tf_stub"
 
 ARTICLE = ('<doc id="{i}" url="u" title="T{i}">\nT{i}\n\n'
            "The first sentence of article {i} is here. It has a second sentence too.\n"
@@ -86,8 +93,59 @@ def test_bench_prep_prints_its_table(tmp_path, capsys, vocab_file):
     assert "different numbers of samples" not in out
 
 
+def test_the_reference_row_runs_under_the_stand_in_it_is_given(tmp_path, capsys, vocab_file):
+    """--reference with --tf-stub: the reference script (here one with the reference's TF 1.x
+    calls, writing a record a line) runs under the stand-in and is the table's first row."""
+    text = tmp_path / "text" / "AA"
+    text.mkdir(parents=True)
+    (text / "wiki_00").write_text("".join(ARTICLE.format(i=i) for i in range(4)))
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "create_pretraining_data.py").write_text(FAKE_REFERENCE)
+    (ref / "tokenization.py").write_text("")
+    assert main(["bench", "prep", "--text", str(tmp_path / "text"), "--reference", str(ref),
+                 "--tf-stub", str(STUB), "--repeat", "1", "--skip_python", "--workers", "1",
+                 "--vocab_file", str(vocab_file)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| reference create_pretraining_data.py | 1 |")
+    assert rows[1].split(" | ")[-1] == "1.0x |"
+
+
 def test_bench_prep_names_a_bad_reference_folder(tmp_path, capsys):
     (tmp_path / "text").mkdir()
     assert main(["bench", "prep", "--text", str(tmp_path / "text"),
                  "--reference", str(tmp_path)]) == 1
     assert "no create_pretraining_data.py, tokenization.py (--reference)" in capsys.readouterr().err
+
+
+def test_the_stand_in_is_not_part_of_the_package():
+    """The TensorFlow stand-in is a tool of the checkout: nothing named tensorflow or tf_stub
+    is in the package folder (so the wheel cannot install a `tensorflow` module)."""
+    package = Path(bertperf.__file__).parent
+    assert (STUB / "tensorflow" / "__init__.py").is_file()
+    assert not [p for p in package.rglob("*") if p.name in ("tf_stub", "tensorflow")]
+
+
+def fake_reference(folder: Path) -> Path:
+    folder.mkdir()
+    for name in ("create_pretraining_data.py", "tokenization.py"):
+        (folder / name).write_text("")
+    return folder
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None,
+                    reason="TensorFlow is installed here")
+def test_the_reference_without_tensorflow_or_the_stand_in_is_one_line(tmp_path, capsys):
+    (tmp_path / "text").mkdir()
+    assert main(["bench", "prep", "--text", str(tmp_path / "text"),
+                 "--reference", str(fake_reference(tmp_path / "ref"))]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "tensorflow" in line and "--tf-stub tools/tf_stub" in line
+
+
+def test_a_stand_in_folder_without_tensorflow_is_one_line(tmp_path, capsys):
+    (tmp_path / "text").mkdir()
+    assert main(["bench", "prep", "--text", str(tmp_path / "text"), "--reference",
+                 str(fake_reference(tmp_path / "ref")), "--tf-stub", str(tmp_path)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"bertperf: error: {tmp_path}: no tensorflow/__init__.py (--tf-stub")

@@ -9,11 +9,13 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from bertperf.__main__ import main
 from bertperf.bench import scale
+from bertperf.errors import UserError
 from tests.support.paths import ROOT
 
 NET = scale.Network(gpus_per_node=8, nvlink=300e9, nic=25e9, nics_per_node=8,
@@ -118,9 +120,11 @@ def test_a_config_file_run():
 
 @pytest.fixture
 def given_compute(monkeypatch):
+    """The compute given (nothing traced), run in the checkout's root as a user runs it."""
     def modelled(batch, packed):
         return scale.Compute(0.003 * batch, 0.002 * batch, 0.0126, "given")
     monkeypatch.setattr(scale, "modelled", modelled)
+    monkeypatch.chdir(ROOT)
 
 
 def tables(out: str) -> list[list[dict[str, str]]]:
@@ -171,9 +175,9 @@ def test_cli_prints_the_table(given_compute, capsys):
                 seconds(row["predicted time to train"]) / seconds(row["published"]), rel=0.05)
     ours = by_config["config_DGXA100_1x8x56x1.sh"]
     assert seconds(ours["published"]) == pytest.approx(18.4 * 60)  # v2.0 NVIDIA 1xDGX A100
-    for published in scale.PUBLISHED:
+    for published in scale.load_published():
         (row,) = [r for name, r in by_config.items() if name.startswith(published.label + " (")]
-        assert row["published"].endswith(f"({published.logs})")
+        assert row["published"].endswith(f"({published.source})")
         assert seconds(row["published"]) == pytest.approx(published.minutes * 60, abs=3)
     gpus = sorted({int(number(row["GPUs"])) for row in runs})
     assert list(allreduce[0])[1:] == [f"{n:,} GPUs" for n in gpus]
@@ -193,6 +197,61 @@ def test_cli_rejects_bad_flags_with_one_line(given_compute, capsys, flags):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("bertperf: error: ")
     assert flags[0] in err or flags[1] in err
+
+
+def test_without_configs_here_it_says_where_it_looked(given_compute, tmp_path, monkeypatch,
+                                                      capsys):
+    """The default is the config files of the current folder (the checkout's root, where users
+    run it), not of the package's location; with none there, one line naming the folder."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "scale"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert str(tmp_path) in err and "--configs" in err
+
+
+def test_published_results_load_with_their_sources():
+    """The package's table of published results (installed with it): every row names the
+    mlcommons result folder it comes from, and the model's own configs find theirs."""
+    published = scale.load_published()
+    assert scale.PUBLISHED.parent == Path(scale.__file__).parent
+    assert len(published) >= 5
+    for p in published:
+        assert re.fullmatch(r"v\d\.\d:[A-Za-z]+/results/\S+", p.source), p.source
+        assert p.division in ("closed", "open") and p.minutes > 0 and p.samples > 0
+    v20 = {p.label: p for p in published}["v2.0 NVIDIA 1xDGX A100"]
+    assert (v20.nodes, v20.batch, v20.packed, v20.global_batch, v20.minutes) == \
+        (1, 56, False, 448, 18.442)
+    assert v20.source == "v2.0:NVIDIA/results/dgxa100_ngc22.04_pytorch"
+
+
+GOOD = scale.PUBLISHED.read_text().splitlines()
+
+
+@pytest.mark.parametrize("lines, where", [
+    (["label,source"] + GOOD[1:], "line 1"),
+    ([], "line 1"),
+    (GOOD[:2] + [GOOD[2].rsplit(",", 1)[0]], "line 3"),
+    (GOOD[:2] + [GOOD[2].replace(",closed,", ",closd,")], "line 3: division 'closd'"),
+    (GOOD[:2] + [GOOD[2].replace(",no,", ",maybe,")], "line 3: packed 'maybe'"),
+    (GOOD[:2] + [GOOD[2].replace(",2.942,", ",fast,")], "line 3: minutes 'fast'"),
+    (GOOD[:2] + [GOOD[2].replace(",3072,", ",-3072,")], "line 3: global_batch '-3072'"),
+    (GOOD[:2] + [",".join(["", *GOOD[2].split(",")[1:]])], "line 3: label ''"),
+])
+def test_a_malformed_published_table_is_one_line(given_compute, tmp_path, capsys, monkeypatch,
+                                                 lines, where):
+    """A bad header, a row of the wrong length, a value of the wrong kind: one line naming the
+    file, the line and the column, and the command stops."""
+    table = tmp_path / "published.csv"
+    table.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError) as exc:
+        scale.load_published(table)
+    assert str(exc.value).startswith(f"{table}: {where}")
+    load = scale.load_published
+    monkeypatch.setattr(scale, "load_published", lambda: load(table))
+    assert main(["bench", "scale"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"bertperf: error: {exc.value}"]
 
 
 @pytest.mark.slow

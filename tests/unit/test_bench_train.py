@@ -1,9 +1,12 @@
-"""`bench train`: the model FLOPs formula, the step-time model's trace and pricing against
-hand-computed values, and the benchmark itself (it runs, its tables are well formed, every row
-trains on the same sequences). Speed is what the benchmark measures; nothing here times it."""
+"""`bench train`: the model FLOPs formula, the step-time model's trace (of the trainer's own
+step) and pricing against hand-computed values, and the benchmark itself (it runs, its tables
+are well formed, every row trains on the same sequences, every bertperf row runs the trainer's
+build_step and train_step with its switches as settings). Speed is what the benchmark measures;
+nothing here times it."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,6 +17,18 @@ from bertperf.bench import roofline
 from bertperf.bench.flops import forward_flops, train_flops
 from bertperf.bench.roofline import Access, Gpu, Op
 from bertperf.model import BertConfig
+
+TRITON = importlib.util.find_spec("triton") is not None
+
+
+@pytest.fixture(autouse=True)
+def kernels_back_to_auto():
+    """A bertperf row or the model's trace selects the kernels for the process, as the
+    trainer's build_step does (FUSED_KERNELS); each test leaves the default behind."""
+    from bertperf.kernels import backend
+
+    yield
+    backend.select(None)
 
 # ---- model FLOPs -----------------------------------------------------------------------------------
 
@@ -223,13 +238,32 @@ def test_trace_runs_under_fake_tensors_with_cuda_autocast_dtypes():
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return norm(lin(x))
 
-        trace = roofline.trace(step)
+        with roofline.OnCuda():
+            trace = roofline.trace(step)
     by_name = {op.name: op for op in trace.ops}
     assert by_name["addmm"].tensor_cores
     layer_norm = by_name["native_layer_norm"]
     assert layer_norm.writes[0].view[3] == torch.float32
 
 
+@pytest.mark.skipif(not TRITON, reason="the kernels' Triton path needs Triton installed")
+def test_on_cuda_tells_only_the_kernels_backend_that_tensors_are_on_cuda():
+    """Inside OnCuda the kernels take their Triton path as FUSED_KERNELS selects it (auto: yes,
+    0: no), while everything else (attention, autocast, the caller) sees the CPU tensor it is;
+    nothing of the package is replaced."""
+    from bertperf.kernels import backend
+
+    x = torch.zeros(3)
+    use_triton = backend.use_triton
+    with roofline.OnCuda():
+        assert backend.use_triton(x) and not x.is_cuda and x.device.type == "cpu"
+        backend.select(False)
+        assert not backend.use_triton(x)
+    backend.select(None)
+    assert not backend.use_triton(x) and backend.use_triton is use_triton
+
+
+@pytest.mark.skipif(not TRITON, reason="the kernels' Triton path needs Triton installed")
 def test_launches_outside_aten_are_recorded_by_their_stand_ins():
     """A Triton launcher called directly (not a custom operator) cannot run on fake tensors:
     inside triton_stand_ins its module is a stand-in whose launcher records each launch with
@@ -237,7 +271,6 @@ def test_launches_outside_aten_are_recorded_by_their_stand_ins():
     import importlib
 
     import bertperf.kernels.triton as package
-    from bertperf.bench.train import triton_path
     from bertperf.kernels import LambLayout
     from bertperf.kernels.lamb import lamb_step
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -248,7 +281,7 @@ def test_launches_outside_aten_are_recorded_by_their_stand_ins():
     with FakeTensorMode():
         layout = LambLayout([3000, 5], [0.01, 0.0], [True, False], "cpu")
         w, g, m, v = (torch.zeros(3005) for _ in range(4))
-        with triton_path(True), roofline.triton_stand_ins():
+        with roofline.OnCuda(), roofline.triton_stand_ins():
             from bertperf.kernels.triton import lamb as stand_in
             assert stand_in.step is roofline._lamb_launches
             trace = roofline.trace(lambda: lamb_step(layout, w, g, m, v, lr=1e-3,
@@ -265,28 +298,35 @@ def test_launches_outside_aten_are_recorded_by_their_stand_ins():
     assert moments.writes[-1].storage == ratios.reads[1].storage  # the partial norms
     assert ratios.writes[0].storage == apply.reads[-1].storage  # the trust ratios
     assert [a.storage for a in apply.writes] == [moments.reads[0].storage]  # w, in place
-    # the stand-in takes the real launcher's arguments (Triton installed: compare them)
-    if importlib.util.find_spec("triton") is not None:
-        import inspect
+    # the stand-in takes the real launcher's arguments
+    import inspect
 
-        real = importlib.import_module(name).step
-        assert inspect.signature(roofline._lamb_launches).parameters.keys() == \
-            inspect.signature(real).parameters.keys()
+    real = importlib.import_module(name).step
+    assert inspect.signature(roofline._lamb_launches).parameters.keys() == \
+        inspect.signature(real).parameters.keys()
 
 
-@pytest.mark.parametrize("triton", [False, True], ids=["plain", "triton"])
-def test_the_model_traces_the_trainers_lamb(triton):
-    """The model's trace of the step takes the LAMB the trainer takes with the kernels' Triton
-    path off (Lamb, foreach ops) or on (FlatLamb: its three launches and one norm of the flat
-    gradient buffer), and adds every parameter's gradient into .grad as the trainer's later
-    micro-steps do."""
+@pytest.mark.parametrize("triton", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not TRITON, reason="the kernels' Triton path needs Triton installed"))],
+    ids=["plain", "triton"])
+def test_the_model_traces_the_trainers_step(triton, monkeypatch):
+    """The model traces the trainer's own step (train.loop.build_step with FUSED_KERNELS=0 or 1,
+    and train_step), so the LAMB the trainer takes with the kernels' Triton path off (Lamb,
+    foreach ops) or on (FlatLamb: its three launches and one norm of the flat gradient buffer),
+    and adds every parameter's gradient into .grad as the trainer's later micro-steps do."""
     import numpy as np
     from bertperf.bench import train
     from bertperf.model import BertForPreTraining
+    from bertperf.train import loop
 
+    built, stepped = spy(monkeypatch, loop, "build_step"), spy(monkeypatch, loop, "train_step")
     config = replace(BertConfig.named("tiny"), num_hidden_layers=1)
     step = train.Step(train.samples_of_lengths(np.array([5, 9])), None)
-    trace, segments, name = train.trace_step(config, step, False, triton)
+    trace, segments, name = train.trace_step(config, step, "varlen", triton)
+    (cfg, _, _, _), = [args for args, _ in built]
+    assert (cfg.train.fused_kernels, cfg.train.precision, cfg.data.layout) == \
+        (triton, "bf16", "varlen")
+    assert len(stepped) == 2  # once to create the lazy state, once traced
     assert name == ("FlatLamb" if triton else "Lamb") and list(segments) == [5, 9]
     assert trace.syncs == 0
     params = len(list(BertForPreTraining(config).parameters()))
@@ -319,14 +359,16 @@ def test_help_starts_without_torch():
 
 
 def small_bench(tmp_path, packed: bool):
-    """Two steps of two rows of real shards (written by bench.loader) for a 1-layer tiny BERT."""
+    """Two steps of two rows of real shards (written by data.synthetic) for a 1-layer tiny
+    BERT."""
     import argparse
 
-    from bertperf.bench import loader, train
+    from bertperf.bench import train
+    from bertperf.data import synthetic
     from bertperf.model import BertForPreTraining
 
     folder = tmp_path / ("packed" if packed else "unpadded")
-    write = loader.write_synthetic_packed if packed else loader.write_synthetic_shards
+    write = synthetic.write_synthetic_packed if packed else synthetic.write_synthetic_shards
     write(folder, 2, 16, seed=3, max_seq_length=64, max_pred=10)
     args = argparse.Namespace(synthetic=False, data=folder, batch=2, seed=1)
     steps, _, max_len, max_pred = train.load_steps(args, 2)
@@ -335,10 +377,24 @@ def small_bench(tmp_path, packed: bool):
     return train.Bench(config, torch.device("cpu"), steps, 1, max_len, max_pred, initial)
 
 
+def spy(monkeypatch, module, name: str) -> list:
+    """module.name replaced by a wrapper that records each call's (args, kwargs), then calls
+    the real function."""
+    calls, real = [], getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["unpadded", "packed"])
 def test_rows_train_on_the_same_sequences(tmp_path, packed):
-    """HF's padded batches and bertperf's unpadded ones hold the same sequences, step by step;
-    packed shards give steps of whole rows."""
+    """HF's padded batches and the trainer's unpadded (or packed) micro-batches hold the same
+    sequences, step by step; packed shards give steps of whole rows; before any step and
+    without dropout both models give the same (mean) losses."""
     from bertperf.bench import train
 
     bench = small_bench(tmp_path, packed)
@@ -349,48 +405,91 @@ def test_rows_train_on_the_same_sequences(tmp_path, packed):
             assert len(step.rows) == 2 and step.rows.sum() == len(step.samples)
         else:
             assert len(step.samples) == 2
+    from bertperf.model import forward_loss
+
     hf = train.hf_row(bench, "fp32")
-    rows = [train.bertperf_row(bench, ("varlen",))]
-    if packed:
-        rows.append(train.bertperf_row(bench, ("varlen", "packed")))
     hf.model.eval()
-    for ours in rows:
+    for layout in ["varlen", "packed"] if packed else ["varlen"]:
+        ours = train.bertperf_row(bench, train.run_config((layout,), "cpu"))
         assert hf.digests == ours.digests and len(set(hf.digests)) == 2
-        # the same weights and the same (mean) losses before any step, without dropout
         ours.model.eval()
         with torch.no_grad():
-            for a, b in zip(hf.batches, ours.batches):
-                torch.testing.assert_close(hf.forward(a), ours.forward(b).float(), rtol=1e-5,
-                                           atol=1e-5)
+            for a, micro in zip(hf.batches, ours.batches):
+                torch.testing.assert_close(
+                    hf.model(**a).loss,
+                    forward_loss(ours.model, micro.inputs, micro.counts).float(),
+                    rtol=1e-5, atol=1e-5)
 
 
-def test_rows_take_the_trainers_lamb(tmp_path, monkeypatch):
-    """bertperf's rows build the LAMB the trainer builds for their parameters (FLAT_LAMB=auto,
-    bertperf.optim.use_flat_lamb): FlatLamb where the kernels take their Triton path, so from
-    the fused-kernels switch on (the rows before run with it off), Lamb elsewhere (this CPU);
-    HF rows take Lamb."""
+def test_every_bertperf_row_runs_the_trainers_step(tmp_path, monkeypatch):
+    """Each bertperf row builds its step with train.loop.build_step from a RunConfig carrying
+    its switches as the trainer's settings (PRECISION, LAYOUT; FUSED_KERNELS=0 before the
+    fused-kernels switch and 1 from it on; COMPILE=inductor; USE_CUDA_GRAPH=1) and the bench's
+    LAMB, on one process and the bench's device, from the bench's weights; every step it times
+    is train.loop.train_step on that step and one MicroBatch (stubbed here: the CLI test and
+    the test above run it)."""
     from bertperf.bench import train
-    from bertperf.kernels import backend
-    from bertperf.optim import FlatLamb, Lamb
-    from bertperf.optim import use_flat_lamb
+    from bertperf.train import loop
+    from bertperf.train.dist import Dist
+
+    assert [(c.train.precision, c.data.layout, c.train.fused_kernels, c.train.compile,
+             c.train.use_cuda_graph) for c in (train.run_config(s, "cpu") for s in (
+                 ("varlen",), ("varlen", "bf16"), ("varlen", "bf16", "packed"),
+                 ("varlen", "bf16", "packed", "fused kernels"),
+                 ("varlen", "bf16", "packed", "fused kernels", "compile"),
+                 ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs")))] == [
+        ("fp32", "varlen", False, "none", False), ("bf16", "varlen", False, "none", False),
+        ("bf16", "packed", False, "none", False), ("bf16", "packed", True, "none", False),
+        ("bf16", "packed", True, "inductor", False), ("bf16", "packed", True, "inductor", True)]
+    bench = small_bench(tmp_path, packed=True)
+    built = spy(monkeypatch, loop, "build_step")
+    stepped = []
+    monkeypatch.setattr(loop, "train_step", lambda step, micro: stepped.append((step, micro))
+                        or torch.zeros((), dtype=torch.float64))
+    ran = {}
+    for label, precision, build in train.rows(bench, ("fp32",)):
+        if label.startswith("bertperf") and train.measure(bench, label, precision,
+                                                          build).missing is None:
+            (cfg, dist, device, core), _ = built[-1]
+            assert dist == Dist(0, 1) and device == bench.device
+            assert all(torch.equal(v, bench.initial[k]) for k, v in core.state_dict().items())
+            assert (cfg.optim.lr, cfg.optim.max_steps, cfg.optim.max_grad_norm) == \
+                (train.LR, train.MAX_STEPS, train.MAX_GRAD_NORM)
+            timed = stepped[-len(bench.steps):]
+            assert all(step.cfg is cfg and step.plan.core is core and len(micro) == 1
+                       and isinstance(micro[0], loop.MicroBatch) for step, micro in timed)
+            ran[label] = (cfg.data.layout, cfg.train.fused_kernels, cfg.train.compile,
+                          cfg.train.use_cuda_graph)
+    # on this CPU the fused kernels and CUDA graphs are not available, and left out after
+    assert ran == {"bertperf: varlen": ("varlen", False, "none", False),
+                   "bertperf: + packed": ("packed", False, "none", False),
+                   "bertperf: + compile": ("packed", False, "inductor", False)}
+    assert len(stepped) == 3 * len(bench.steps)
+
+
+def test_rows_the_trainer_refuses_say_why_in_its_words(tmp_path):
+    """A switch the trainer refuses for the row's configuration is "not available" with the
+    trainer's own line (train.parallel.check, train.checks.check_device) and is left out of the
+    rows after; what the data lacks is the bench's to say."""
+    from bertperf.bench import train
+    from bertperf.errors import UserError
+    from bertperf.train import checks, parallel
 
     bench = small_bench(tmp_path, packed=False)
-    plain = train.bertperf_row(bench, ("varlen", "fused kernels"))
-    assert type(plain.optimizer) is Lamb and plain.triton is None
-    monkeypatch.setattr(backend, "use_triton", lambda x: True)  # as for CUDA tensors
-    fused = train.bertperf_row(bench, ("varlen", "fused kernels"))
-    before = train.bertperf_row(bench, ("varlen",))
-    hf = train.hf_row(bench, "fp32")
-    assert type(fused.optimizer) is FlatLamb and fused.triton is None
-    assert type(before.optimizer) is Lamb and before.triton is False
-    assert type(hf.optimizer) is Lamb
-    # the trainer's rule, with FLAT_LAMB=auto, for the same parameters
-    assert use_flat_lamb(fused.model.parameters(), None) is True
-    # FlatLamb's parameters are views of its buffer: the row's model trains through it
-    assert fused.model.bert.embeddings.word_embeddings.weight.data_ptr() == \
-        fused.optimizer._weights.data_ptr()
-    with train.triton_path(False):
-        assert use_flat_lamb(fused.model.parameters(), None) is False
+    why = dict((label, build) for label, _, build in train.rows(bench, ("fp32",)))
+
+    def reason(label):
+        with pytest.raises(train.NotAvailable) as exc:
+            why[label]()
+        return str(exc.value)
+
+    assert reason("bertperf: + packed") == "needs packed shards: prep pack"
+    with pytest.raises(UserError) as refused:
+        parallel.check(train.run_config(("varlen", "compile"), "cpu"), False)
+    assert reason("bertperf: + compile") == str(refused.value)
+    with pytest.raises(UserError) as refused:
+        checks.check_device(train.run_config(("varlen", "fused kernels"), "cpu"))
+    assert reason("bertperf: + fused kernels") == str(refused.value)
 
 
 def lambs_of(line: str) -> dict[str, list[str]]:
@@ -449,8 +548,8 @@ def test_bench_train_prints_both_tables(tmp_path, cpu_emulates_bf16):
         assert float(cells[2].replace(",", "")) > 0 and cells[5].endswith("%"), r
         losses.append(float(cells[7]))
     assert len(losses) >= 3 + both and max(losses) - min(losses) < 0.1 * min(losses)
-    assert f"| bertperf: + CUDA graphs | {'bf16' if both else 'fp32'} | not available (CUDA " \
-        "only)" in run.stdout
+    assert f"| bertperf: + CUDA graphs | {'bf16' if both else 'fp32'} | not available " \
+        "(USE_CUDA_GRAPH=1 needs a CUDA device, not DEVICE=cpu)" in run.stdout
     assert any(line.startswith("every row trained on the same 4 sequences") for line in lines)
     # on this CPU every row steps Lamb (FlatLamb where the kernels take Triton: CUDA)
     assert "LAMB: Lamb (per tensor, foreach ops) in HF BertForPreTraining (SDPA, padded), " \

@@ -1,18 +1,18 @@
 """`python -m bertperf bench prep --text DIR`: whole-process speed of `prep create` against the
 MLCommons reference `create_pretraining_data.py`, per core, with MLPerf's flags.
 
-The text stages run once on DIR (wikiextractor files, e.g. the Wikipedia sample
-../shared/data/wiki_sample), each timed as a whole process: clean, segment, split into one part
-per input file (no eval articles held out). Then every row makes the samples of all parts in a
-fresh process pinned to one core, timed from start to exit (interpreter start, imports, vocab
-and Unicode tables included, as a user runs it); the median of --repeat runs is shown:
+The text stages run once on DIR (a folder of wikiextractor output, e.g. the one `make
+demo-wiki` takes), each timed as a whole process: clean, segment, split into one part per input
+file (no eval articles held out). Then every row makes the samples of all parts in a fresh
+process pinned to one core, timed from start to exit (interpreter start, imports, vocab and
+Unicode tables included, as a user runs it); the median of --repeat runs is shown:
 
-  reference        the reference script itself, `--input_file` = all parts, one output file,
-                   under the TensorFlow stand-in of bench/tf_stub, which serialises real
-                   tf.train.Example protocol buffers into a real TFRecord file (pip install
-                   'bertperf[bench]'; pass --reference DIR holding create_pretraining_data.py
-                   and tokenization.py from mlcommons/training, retired_benchmarks/bert/
-                   cleanup_scripts)
+  reference        the reference script itself, `--input_file` = all parts, one output file
+                   (--reference DIR holding create_pretraining_data.py and tokenization.py from
+                   mlcommons/training, retired_benchmarks/bert/cleanup_scripts), under
+                   TensorFlow 1.x where it is installed, else the checkout's stand-in (--tf-stub
+                   tools/tf_stub: real tf.train.Example protocol buffers in a real TFRecord
+                   file; pip install 'bertperf[bench]'); with neither the command stops
   prep create      the same command shape (`--input_file` = all parts, `--output_file`): the
                    default (C instance builder, cached Python tokenizer), `--engine python`,
                    `--tokenizer hf`
@@ -26,6 +26,7 @@ Every row must produce the same number of samples; a difference is reported.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -41,15 +42,15 @@ from bertperf.errors import UserError
 from bertperf.formats import manifest
 from bertperf.resources import find_vocab
 
-STUB = Path(__file__).resolve().parent / "tf_stub"
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", required=True, type=Path,
-                   help="folder of wikiextractor files, e.g. ../shared/data/wiki_sample")
+                   help="a folder of wikiextractor output, e.g. the one `make demo-wiki` takes")
     p.add_argument("--reference", type=Path,
                    help="folder with the reference create_pretraining_data.py and tokenization.py"
                         " (without it the reference row is left out)")
+    p.add_argument("--tf-stub", type=Path,
+                   help="with --reference: the TensorFlow stand-in the reference runs under "
+                        "where TensorFlow is not installed, tools/tf_stub in the checkout")
     p.add_argument("--vocab_file", type=Path, help="vocab (default: found as in bertperf.resources)")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                    help="cores of the per-part row (default: all)")
@@ -98,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
                    if not (args.reference / f).is_file()]
         if missing:
             raise UserError(f"{args.reference}: no {', '.join(missing)} (--reference)")
+        if args.tf_stub is not None and not (args.tf_stub / "tensorflow" / "__init__.py").is_file():
+            raise UserError(f"{args.tf_stub}: no tensorflow/__init__.py (--tf-stub: the TensorFlow "
+                            "stand-in, tools/tf_stub in the checkout)")
+        if args.tf_stub is None and importlib.util.find_spec("tensorflow") is None:
+            raise UserError("bench prep --reference: the reference imports tensorflow, which is "
+                            "not installed here; give it the stand-in: --tf-stub tools/tf_stub")
         try:
             import absl  # noqa: F401
             import google.protobuf  # noqa: F401
@@ -138,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
             rows.append((label, cores, times, samples))
 
         if args.reference is not None:
-            env = dict(os.environ, PYTHONPATH=str(STUB))
+            env = dict(os.environ, **({} if args.tf_stub is None else
+                                      {"PYTHONPATH": str(args.tf_stub.resolve())}))
             repeat("reference create_pretraining_data.py", 1,
                    lambda out: [sys.executable, str(args.reference / "create_pretraining_data.py"),
                                 f"--input_file={joined}", f"--output_file={out / 'out.tfrecord'}",

@@ -9,13 +9,16 @@ backward: another autograd node is running; optimizer: called from bertperf.opti
 otherwise) and the bertperf function that issued it (for backward operators the forward
 operator's, from the tracebacks anomaly mode keeps). The caller runs it on fake tensors
 (FakeTensorMode: shapes and dtypes, no data), so BERT-large at the MLPerf batch is traced in
-seconds on a CPU. Views, allocations, detaches and profiler marks launch nothing and are not
-recorded; a host sync (`Tensor.item` and what calls it) is counted and answered with 1. Under
-CPU autocast, layer_norm, softmax and log_softmax are run in float32, as CUDA autocast runs
-them (CPU autocast keeps them in bfloat16). bertperf.kernels' Triton kernels are custom
-operators with fake implementations, recorded as one kernel each, except those launched outside
-ATen (FlatLamb's three LAMB kernels): inside `triton_stand_ins()` their launcher is replaced by a
-stand-in that records each launch (`launch`) with the tensors it reads and writes.
+seconds on a CPU, inside `OnCuda()`, which runs it as CUDA would: layer_norm, softmax and
+log_softmax in float32 under CPU autocast, as CUDA autocast runs them (CPU autocast keeps them
+in bfloat16), and bertperf.kernels.backend told that the tensors are CUDA tensors, so the
+kernels take their Triton path where FUSED_KERNELS allows it (everything else sees the CPU).
+Views, allocations, detaches and profiler marks launch nothing and are not recorded; a host sync
+(`Tensor.item` and what calls it) is counted and answered with 1. bertperf.kernels' Triton
+kernels are custom operators with fake implementations, recorded as one kernel each, except
+those launched outside ATen (FlatLamb's three LAMB kernels): inside `triton_stand_ins()` their
+launcher is replaced by a stand-in that records each launch (`launch`) with the tensors it reads
+and writes.
 
 Price (`step_cost`): every kernel takes max(FLOPs / rate, bytes / bandwidth, launches x launch
 cost); rate: the tensor-core peak for fp16/bf16 matmuls (times MATMUL_EFFICIENCY) and for
@@ -357,15 +360,22 @@ def triton_stand_ins():
                 setattr(parent, attr, value)
 
 
-class _CudaAutocastFp32(TorchFunctionMode):
-    """Under CPU autocast, run layer_norm, softmax and log_softmax in float32, as CUDA autocast
-    does."""
+_IS_CUDA = torch.Tensor.is_cuda.__get__
+_BACKEND = "bertperf.kernels.backend"
+
+
+class OnCuda(TorchFunctionMode):
+    """The step as CUDA runs it, on CPU (fake) tensors (module docstring): under CPU autocast,
+    layer_norm, softmax and log_softmax in float32; `is_cuda` is True when bertperf.kernels.backend
+    asks it (only there: attention, autocast and the rest see the CPU)."""
 
     FUNCTIONS = frozenset({F.layer_norm, F.softmax, F.log_softmax, torch.softmax, torch.log_softmax,
-                 torch.Tensor.softmax, torch.Tensor.log_softmax})
+                           torch.Tensor.softmax, torch.Tensor.log_softmax})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func == _IS_CUDA and sys._getframe(1).f_globals.get("__name__") == _BACKEND:
+            return True
         if func in self.FUNCTIONS and torch.is_autocast_enabled("cpu"):
             args, kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: t.float() if t.is_floating_point() else t, (args, kwargs))
@@ -374,15 +384,15 @@ class _CudaAutocastFp32(TorchFunctionMode):
 
 def trace(step: Callable[[], object]) -> Trace:
     """The kernels of `step()`, run once to create lazy state and then recorded (module
-    docstring). Call it inside the FakeTensorMode the step's tensors belong to."""
+    docstring). Call it inside the FakeTensorMode the step's tensors belong to (and OnCuda()
+    for CUDA's step)."""
     step()
     recorder = _Recorder()
     _RECORDING.append(recorder)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # anomaly mode announces itself
-            with torch.autograd.set_detect_anomaly(True, check_nan=False), _CudaAutocastFp32(), \
-                    recorder:
+            with torch.autograd.set_detect_anomaly(True, check_nan=False), recorder:
                 step()
     finally:
         _RECORDING.remove(recorder)

@@ -59,13 +59,12 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from bertperf.benchmark import EVAL_SAMPLES
+from bertperf.benchmark import DIVISIONS, EVAL_SAMPLES
 from bertperf.config import reference_eval_interval
 from bertperf.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[4]
-"""The repository root, where the config_*.sh files are."""
 CONFIGS = "config_DGXA100_*x*.sh"
+"""The config files modelled by default, in the current folder (the checkout's root)."""
 GPU = "A100 80GB SXM"
 """The roofline GPU (bench/roofline.py's GPUS) the compute is priced on."""
 
@@ -218,7 +217,7 @@ def modelled(batch: int, packed: bool) -> Compute:
 
     config = BertConfig.large()
     layout = "packed" if packed else "varlen"
-    trace, segments, _ = train.trace_step(config, train.model_steps(batch)[layout], packed, True)
+    trace, segments, _ = train.trace_step(config, train.model_steps(batch)[layout], layout, True)
     ops = roofline.flash_attention(trace.ops, segments, config.hidden_size,
                                    config.num_attention_heads)
     gpu = next(g for g in roofline.GPUS if g.name == GPU)
@@ -269,10 +268,11 @@ class Run:
 @dataclass(frozen=True)
 class Published:
     """An MLPerf result: olympic mean of its 10 runs and their mean samples trained, recomputed
-    from the result logs in mlcommons/training_results_v1.1 and v2.0 (`logs` names the folder)."""
+    from the result logs in mlcommons/training_results_v1.1 and v2.0 (`source` names the
+    folder). A row of PUBLISHED."""
 
     label: str
-    logs: str
+    source: str
     """mlcommons/training_results_<round>:<folder of result_*.txt>."""
     division: str
     nodes: int
@@ -284,23 +284,54 @@ class Published:
     eval_interval: int
 
 
-PUBLISHED = (
-    Published("v2.0 NVIDIA 1xDGX A100", "v2.0:NVIDIA/results/dgxa100_ngc22.04_pytorch",
-              "closed", 1, 56, False, 448, 18.442, 2_643_110, 150_000),
-    Published("v2.0 NVIDIA 8xDGX A100", "v2.0:NVIDIA/results/dgxa100_n8_ngc22.04_pytorch",
-              "closed", 8, 48, False, 3072, 2.942, 3_207_168, 175_000),
-    Published("v2.0 NVIDIA 128xDGX A100", "v2.0:NVIDIA/results/dgxa100_n128_ngc22.04_pytorch",
-              "closed", 128, 2, True, 4096, 0.421, 2_786_616, 175_000),
-    Published("v1.1 Samsung 128xDGX A100",
-              "v1.1:Samsung/results/samsung_supercomputer21_dgxa100_n128_pytorch",
-              "open", 128, 16, False, 16384, 0.418, 3_096_576, 325_000),
-    Published("v2.0 Samsung 128xDGX A100",
-              "v2.0:Samsung/results/samsung_supercomputer21_dgxa100_n128_pytorch",
-              "open", 128, 16, False, 16384, 0.372, 2_932_736, 325_000),
-)
-"""NVIDIA's packed 1,024-GPU run: 2 rows a GPU counted as 2 sequences each (its
+PUBLISHED = Path(__file__).with_name("published.csv")
+"""The published results (load_published), one a row, the fields of Published as columns.
+NVIDIA's packed 1,024-GPU run: 2 rows a GPU counted as 2 sequences each (its
 --average_packing_rate); Samsung's runs: Adam, not LAMB (open division), eval every 325,000
 samples (their config); the others MLPerf's cadence."""
+
+
+def _above_zero(value: float) -> bool:
+    return 0 < value < math.inf
+
+
+_COLUMNS = {  # column: (parser, test, what it must be)
+    "label": (str, bool, "a name"), "source": (str, bool, "a result folder"),
+    "division": (str, DIVISIONS.__contains__, f"one of {', '.join(DIVISIONS)}"),
+    "nodes": (int, _above_zero, "a whole number > 0"),
+    "batch": (int, _above_zero, "a whole number > 0"),
+    "packed": ({"yes": True, "no": False}.__getitem__, lambda v: True, "yes or no"),
+    "global_batch": (int, _above_zero, "a whole number > 0"),
+    "minutes": (float, _above_zero, "> 0"),
+    "samples": (int, _above_zero, "a whole number > 0"),
+    "eval_interval": (int, _above_zero, "a whole number > 0"),
+}
+
+
+def load_published(path: Path = PUBLISHED) -> list[Published]:
+    """The results of a published-results table; a UserError naming the line and the column of
+    what is malformed."""
+    import csv
+
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or rows[0] != list(_COLUMNS):
+        raise UserError(f"{path}: line 1 must name the columns {','.join(_COLUMNS)}")
+    out = []
+    for line, row in enumerate(rows[1:], 2):
+        if len(row) != len(_COLUMNS):
+            raise UserError(f"{path}: line {line} has {len(row)} cells, not {len(_COLUMNS)}")
+        values = {}
+        for (name, (parse, test, what)), text in zip(_COLUMNS.items(), row):
+            try:
+                values[name] = parse(text)
+                good = test(values[name])
+            except (KeyError, ValueError):
+                good = False
+            if not good:
+                raise UserError(f"{path}: line {line}: {name} {text!r} is not {what}")
+        out.append(Published(**values))
+    return out
 
 
 def read_config(path: Path) -> dict[str, str]:
@@ -340,8 +371,9 @@ def config_run(path: Path) -> Run:
     if point is None:
         raise UserError(f"{path}: global batch {gbs} is not a BERT RCP row, so its samples to "
                         "converge are unknown")
-    published = next((p for p in PUBLISHED if p.division == "closed" and p.nodes == shape.nodes
-                      and p.batch == shape.batch and p.global_batch == gbs), None)
+    published = next((p for p in load_published() if p.division == "closed"
+                      and p.nodes == shape.nodes and p.batch == shape.batch
+                      and p.global_batch == gbs), None)
     return replace(shape, samples=sum(point.samples_to_converge) / len(point.samples_to_converge),
                    samples_source=f"RCP {gbs}", published=published,
                    eval_interval=number("EVAL_ITER_SAMPLES", int,
@@ -427,7 +459,8 @@ def _positive(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", nargs="+", type=Path,
-                   help=f"config files to model (default: the repository's {CONFIGS})")
+                   help=f"config files to model (default: the {CONFIGS} in the current folder, "
+                        "as in the checkout)")
     p.add_argument("--step-ms", action="append", default=[], metavar="B=MS",
                    help="a measured micro-step (forward + backward) on one A100 at local batch B, "
                         "milliseconds, instead of the model's for the varlen runs of that "
@@ -517,14 +550,15 @@ def _duration(seconds: float) -> str:
 
 
 def runs(args: argparse.Namespace) -> list[Run]:
-    paths = args.configs or sorted(ROOT.glob(CONFIGS))
+    paths = args.configs or sorted(Path.cwd().glob(CONFIGS))
     if not paths:
-        raise UserError(f"no {CONFIGS} in {ROOT}: name the config files with --configs")
+        raise UserError(f"no {CONFIGS} in {Path.cwd()}: run it in the checkout, or name the "
+                        "config files with --configs")
     for path in paths:
         if not path.is_file():
             raise UserError(f"{path}: no such config file")
     ours = sorted((config_run(p) for p in paths), key=lambda r: (r.gpus, r.global_batch))
-    return ours + [published_run(p) for p in PUBLISHED]
+    return ours + [published_run(p) for p in load_published()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -571,7 +605,7 @@ def run(args: argparse.Namespace) -> int:
             published, ratio = "none at this GPU count and batch", "-"
         else:
             seconds = r.published.minutes * 60
-            published = f"{_duration(seconds)} ({r.published.logs})"
+            published = f"{_duration(seconds)} ({r.published.source})"
             ratio = f"{p.seconds_to_train / seconds:.2f}"
         print(f"| {r.label} | {r.gpus:,} | {r.global_batch:,} | {r.samples:,.0f} "
               f"({r.samples_source}) | {p.steps:,.0f} | {t['compute'] * 1e3:.1f} "

@@ -1,26 +1,26 @@
 """`python -m bertperf bench train`: training speed of HuggingFace's BertForPreTraining and of
-bertperf with each of its switches on in turn, on the same samples in one process; then a
-step-time model for the GPU (bench/roofline.py), which is a model, not a measurement.
+the trainer's own step with each of its switches on in turn, on the same samples in one process;
+then a step-time model for the GPU (bench/roofline.py), which is a model, not a measurement.
 
 Every row starts from the same weights (bertperf's initialisation, in HF's names through
-bertperf.model.hf) and trains with LAMB (gradients clipped at norm 1.0; HF with bertperf's Lamb;
-a line under the table names each row's LAMB) on the same batches of
-real samples from --data (unpadded or packed shards; with packed shards a step is --batch rows
-and their sequences; --synthetic: MLPerf-like lengths packed in order, no files): warm-up steps,
-then timed steps. Rows:
+bertperf.model.hf) and trains with LAMB (gradients clipped at norm 1.0; a line under the table
+names each row's LAMB) on the same batches of real samples from --data (unpadded or packed
+shards; with packed shards a step is --batch rows and their sequences; --synthetic: MLPerf-like
+lengths packed in order, no files): warm-up steps, then timed steps. Rows:
 
   HF              transformers.BertForPreTraining, SDPA attention, batches padded to
                   max_seq_length, the MLM head on every position (as a user runs it), fp32 and
-                  under bf16 autocast
-  bertperf        the trainer's step (bertperf.model's forward_loss, backward, clipped LAMB):
-                  varlen (unpadded), then + bf16, + packed (LAYOUT=packed), + fused kernels
-                  (bertperf.kernels' Triton kernels, on CUDA; off in the rows before),
+                  under bf16 autocast; bertperf's Lamb at a constant LR
+  bertperf        the trainer's step itself: train.loop.build_step and train_step (one
+                  micro-batch a step, clipped LAMB, the LR schedule) with the row's switches set
+                  as the trainer's settings: varlen (LAYOUT=varlen, FUSED_KERNELS=0), then
+                  + bf16 (PRECISION), + packed (LAYOUT=packed), + fused kernels
+                  (FUSED_KERNELS=1: bertperf.kernels' Triton kernels, and FlatLamb with them),
                   + compile (COMPILE=inductor), + CUDA graphs (USE_CUDA_GRAPH=1), each row
-                  adding one switch to the one before; a switch the data, the code or the device
-                  does not allow is shown as "not available (why)" and left out of the rows
-                  after. LAMB as the trainer takes it (FLAT_LAMB=auto) for the kernels as the
-                  row runs them: FlatLamb (one flat buffer, three Triton launches a step) with
-                  the Triton kernels, Lamb (per tensor, foreach ops) without
+                  adding one switch to the one before. A switch the trainer refuses here
+                  (train.parallel.check, train.checks.check_device: its own words), or the
+                  data or the GPU does not allow, is shown as "not available (why)" and left
+                  out of the rows after
 
 Columns: sequences/s; real (unpadded) tokens/s; model TFLOP/s counted on real tokens
 (bench/flops.py: the same work for every row, whatever it pads); MFU against the dense matmul
@@ -56,17 +56,21 @@ import numpy as np
 
 from bertperf.bench.flops import train_flops
 from bertperf.bench.loader import _rss_kb
-from bertperf.data.synthetic import synthetic_packed, synthetic_samples
-from bertperf.data.collate import collate_padded, collate_varlen
+from bertperf.config import RunConfig
+from bertperf.data.collate import (collate_packed, collate_padded, collate_varlen,
+                                   max_masks_per_row)
 from bertperf.data.dataset import ShardDataset
 from bertperf.data.order import EpochPlan
+from bertperf.data.synthetic import synthetic_packed, synthetic_samples
 from bertperf.errors import UserError
 from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 
 SWITCHES = ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs")
-LR = 4.25e-4
-"""LAMB's learning rate (MLPerf's reference at batch 448), constant."""
+LR, MAX_STEPS = 4.25e-4, 6700
+"""LAMB's learning rate and the schedule's length, the single-node recipe's
+(config_DGXA100_1x8x56x1.sh): over a bench's few steps the trainer's linear decay keeps the LR
+within 0.5 % of LR."""
 MAX_GRAD_NORM = 1.0
 MAX_SEQS_PER_ROW, MASKED_LM_PROB = 3, 0.15
 """Packed rows as prep pack makes them; the masking rate of MLPerf's data (and --synthetic's)."""
@@ -179,51 +183,47 @@ def digest(sequences) -> str:
                                          for s in sequences))).hexdigest()
 
 
-# ---- the step every row times ------------------------------------------------------------------
+# ---- the trainer's step, as each bertperf row configures it -------------------------------------
 
-def train_step(forward, batch: dict, optimizer, device_type: str, dtype):
-    """forward(batch): the loss, under autocast (dtype None: float32); then backward and a
-    clipped LAMB step. Returns the loss (a tensor, not read back here)."""
+def run_config(switches: tuple[str, ...], device: str) -> RunConfig:
+    """The trainer's configuration of a bertperf row: its switches as the settings they are
+    (PRECISION, LAYOUT, FUSED_KERNELS, COMPILE, USE_CUDA_GRAPH; FUSED_KERNELS=0 without the
+    fused-kernels switch), the bench's LAMB (LR, MAX_STEPS, MAX_GRAD_NORM; the rest the
+    trainer's defaults), DEVICE `device`."""
+    cfg = RunConfig()
+    return replace(
+        cfg, data=replace(cfg.data, layout="packed" if "packed" in switches else "varlen"),
+        optim=replace(cfg.optim, lr=LR, max_steps=MAX_STEPS, max_grad_norm=MAX_GRAD_NORM),
+        train=replace(cfg.train, precision="bf16" if "bf16" in switches else "fp32",
+                      device=device, fused_kernels="fused kernels" in switches,
+                      compile="inductor" if "compile" in switches else "none",
+                      use_cuda_graph="CUDA graphs" in switches))
+
+
+def mapped(f: Callable, tensors: dict) -> dict:
+    """The dict with f applied to its tensors (the other values as they are)."""
     import torch
 
-    from bertperf.optim import clipped_step
-
-    with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
-        loss = forward(batch)
-    loss.backward()
-    clipped_step(optimizer, MAX_GRAD_NORM, None)
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+    return {k: f(v) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
 
 
-def lamb(model, flat: bool | None = None):
-    """LAMB at lr LR (weight decay 0.01, as param_groups gives it) as the trainer takes it for
-    the model's parameters where flat is None (FLAT_LAMB=auto, bertperf.optim.use_flat_lamb:
-    FlatLamb where the kernels take their Triton path, so not inside triton_path(False); Lamb
-    elsewhere), or as flat says (FLAT_LAMB=1/0). Build it after the model is on its device."""
-    from bertperf.optim import make_optimizer, param_groups, use_flat_lamb
-
-    name = "flat_lamb" if use_flat_lamb(model.parameters(), flat) else "lamb"
-    return make_optimizer(name, param_groups(model, 0.01), lr=LR)
-
-
-@contextlib.contextmanager
-def triton_path(use: bool | None):
-    """bertperf.kernels' choice of its Triton kernels (taken for CUDA tensors when Triton is
-    installed) as the code makes it (None), switched off (False: plain PyTorch everywhere, for
-    the rows before the fused-kernels switch), or forced on (True: on fake tensors this traces
-    the CUDA path through the kernels' fake implementations)."""
-    from bertperf.kernels import backend
-
-    if use is None:
-        yield
-        return
-    use_triton = backend.use_triton
-    backend.use_triton = lambda x: use
-    try:
-        yield
-    finally:
-        backend.use_triton = use_triton
+def loader_arrays(step: Step, layout: str, max_seq_length: int,
+                  max_pred: int) -> tuple[dict, str]:
+    """A step's sequences as the loader's arrays of one micro-batch of one rank (collate_varlen,
+    or collate_packed of fixed-shape rows), for train.loop.to_device; and the digest of the
+    sequences they hold."""
+    if layout == "packed":
+        rows = Packed.from_samples(step.samples, np.arange(len(step.samples)), step.rows) \
+            .batch(None, max_seq_length, MAX_SEQS_PER_ROW, max_pred)
+        arrays = collate_packed(rows, max_masks_per_row(max_seq_length, MAX_SEQS_PER_ROW,
+                                                        max_pred, MASKED_LM_PROB))
+        sequences = (row[start:start + n] for row, starts, lengths in
+                     zip(rows["input_ids"], rows["seq_starts"], rows["seq_lengths"])
+                     for start, n in zip(starts, lengths) if n)
+    else:
+        arrays = collate_varlen(step.samples)
+        sequences = (arrays["input_ids"][a:b] for a, b in itertools.pairwise(arrays["cu_seqlens"]))
+    return {**arrays, "global_sequences": arrays["num_sequences"]}, digest(sequences)
 
 
 # ---- rows ----------------------------------------------------------------------------------------
@@ -244,30 +244,24 @@ class Bench:
 
 @dataclass
 class Trainee:
-    forward: Callable
-    """batch -> loss."""
+    step: Callable
+    """batch -> its loss: one optimizer step."""
     model: object
     optimizer: object
-    batches: list[dict]
-    """forward's argument on the device, one per step."""
+    batches: list
+    """step's argument on the device, one per step."""
     digests: list[str]
-    dtype: object
-    triton: bool | None = None
-    """bertperf.kernels' Triton path as the code chooses it, or off (triton_path)."""
-
-
-def _on(device, arrays: dict) -> dict:
-    import torch
-
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in arrays.items()}
 
 
 def hf_row(bench: Bench, precision: str) -> Trainee:
-    """transformers.BertForPreTraining with SDPA attention on padded batches."""
+    """transformers.BertForPreTraining with SDPA attention on padded batches, stepped by its own
+    loop: forward under autocast, backward, bertperf's Lamb (weight decay 0.01, the trainer's
+    betas and epsilon) clipped at MAX_GRAD_NORM, at the constant LR."""
     import torch
     import transformers
 
     from bertperf.model import to_hf_state_dict
+    from bertperf.optim import clipped_step, make_optimizer, param_groups
 
     c = bench.config
     model = transformers.BertForPreTraining(transformers.BertConfig(
@@ -285,7 +279,7 @@ def hf_row(bench: Bench, precision: str) -> Trainee:
         labels = np.full(p["input_ids"].shape, -100, dtype=np.int64)
         rows, slots = np.nonzero(p["masked_lm_positions"])
         labels[rows, p["masked_lm_positions"][rows, slots]] = p["masked_lm_ids"][rows, slots]
-        batches.append(_on(bench.device, {
+        batches.append(mapped(lambda t: t.to(bench.device), {
             "input_ids": torch.as_tensor(p["input_ids"]).long(),
             "attention_mask": torch.as_tensor(p["input_mask"]).long(),
             "token_type_ids": torch.as_tensor(p["segment_ids"]).long(),
@@ -294,96 +288,61 @@ def hf_row(bench: Bench, precision: str) -> Trainee:
         lengths = p["input_mask"].sum(1)
         digests.append(digest(row[:n] for row, n in zip(p["input_ids"], lengths)))
     model.to(bench.device).train()
-    return Trainee(lambda batch: model(**batch).loss, model, lamb(model, flat=False), batches,
-                   digests, _dtype(precision), triton=False)
+    optimizer = make_optimizer("lamb", param_groups(model, 0.01), lr=LR)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+
+    def step(batch: dict):
+        with torch.autocast(bench.device.type, dtype=dtype, enabled=dtype is not None):
+            loss = model(**batch).loss
+        loss.backward()
+        clipped_step(optimizer, MAX_GRAD_NORM, None)
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return Trainee(step, model, optimizer, batches, digests)
 
 
-def _dtype(precision: str):
+def unavailable(bench: Bench, switches: tuple[str, ...]) -> str | None:
+    """Why the row with these switches cannot run here, or None: what the data or the GPU does
+    not allow, then the trainer's own refusals and device checks for the row's configuration."""
     import torch
 
-    return torch.bfloat16 if precision == "bf16" else None
+    from bertperf.train import checks, parallel
+    from bertperf.train.layout import LAYOUTS
 
-
-def unavailable(bench: Bench, switch: str, on: tuple[str, ...]) -> str | None:
-    """Why a switch cannot be on for this run (with the switches `on` before it), or None."""
-    import torch
-
-    from bertperf.kernels import backend
-
-    cuda = bench.device.type == "cuda"
-    if switch == "bf16" and cuda and not torch.cuda.is_bf16_supported():
+    if "bf16" in switches and bench.device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU has no bf16"
-    if switch == "packed" and bench.steps[0].rows is None:
+    if "packed" in switches and bench.steps[0].rows is None:
         return "needs packed shards: prep pack"
-    if switch == "fused kernels" and not cuda:
-        return "the Triton kernels run on CUDA"
-    if switch == "fused kernels" and not backend.triton_installed():
-        return "Triton is not installed"
-    if switch in ("compile", "CUDA graphs") and "packed" not in on:
-        return "needs packed batches (fixed shapes)"
-    if switch == "compile" and cuda and not backend.triton_installed():
-        return "inductor needs Triton on CUDA"
-    if switch == "CUDA graphs" and not cuda:
-        return "CUDA only"
+    cfg = run_config(switches, bench.device.type)
+    try:
+        parallel.check(cfg, LAYOUTS[cfg.data.layout].fixed_shapes)
+        checks.check_device(cfg)
+    except UserError as exc:
+        return str(exc)
     return None
 
 
-def micro_batch(step: Step, packed: bool, max_seq_length: int, max_pred: int) -> tuple[dict, str]:
-    """The trainer's micro-batch of a step's sequences, as host tensors: the model's inputs
-    (UnpaddedBatch, or PackedBatch of fixed-shape rows) and the loss divisors (its masked tokens
-    and sequences, so the losses are means); and the digest of the sequences it holds."""
-    import torch
-
-    from bertperf.data.collate import collate_packed, max_masks_per_row
-    from bertperf.model import PackedBatch, UnpaddedBatch
-
-    if packed:
-        rows = Packed.from_samples(step.samples, np.arange(len(step.samples)), step.rows) \
-            .batch(None, max_seq_length, MAX_SEQS_PER_ROW, max_pred)
-        arrays = collate_packed(rows, max_masks_per_row(max_seq_length, MAX_SEQS_PER_ROW,
-                                                        max_pred, MASKED_LM_PROB))
-        inputs = PackedBatch.from_arrays(arrays).inputs()
-        sequences = (row[start:start + n] for row, starts, lengths in
-                     zip(rows["input_ids"], rows["seq_starts"], rows["seq_lengths"])
-                     for start, n in zip(starts, lengths) if n)
-    else:
-        arrays = collate_varlen(step.samples)
-        inputs = UnpaddedBatch.from_arrays(arrays).inputs()
-        sequences = (arrays["input_ids"][a:b] for a, b in itertools.pairwise(arrays["cu_seqlens"]))
-    divisors = torch.tensor([float(arrays["num_masked"]), float(arrays["num_sequences"])],
-                            dtype=torch.float64)
-    return {"inputs": inputs, "divisors": divisors}, digest(sequences)
-
-
-def stepper(model, switches: tuple[str, ...]) -> Callable:
-    """batch -> loss as the trainer computes it: bertperf.model's forward_loss, compiled as
-    COMPILE=inductor and USE_CUDA_GRAPH=1 compile it."""
-    from bertperf.model import compiled_forward_loss
-
-    forward_loss = compiled_forward_loss("inductor" if "compile" in switches else "none",
-                                         cuda_graphs="CUDA graphs" in switches)
-    return lambda batch: forward_loss(model, batch["inputs"], batch["divisors"])
-
-
-def bertperf_row(bench: Bench, switches: tuple[str, ...]) -> Trainee:
-    """BertForPreTraining with these switches on, stepped as the trainer steps it."""
+def bertperf_row(bench: Bench, cfg: RunConfig) -> Trainee:
+    """BertForPreTraining from the bench's weights, stepped by the trainer's step as `cfg`
+    builds it (train.loop.build_step on one process, then train_step over one micro-batch)."""
     from bertperf.model import BertForPreTraining
+    from bertperf.train import loop
+    from bertperf.train.dist import Dist
+    from bertperf.train.layout import LAYOUTS
 
-    model = BertForPreTraining(bench.config)
-    model.load_state_dict(bench.initial)
+    core = BertForPreTraining(bench.config)
+    core.load_state_dict(bench.initial)
+    core.to(bench.device).train()
+    step = loop.build_step(cfg, Dist(0, 1), bench.device, core)
+    batch_type = LAYOUTS[cfg.data.layout].batch_type
     batches, digests = [], []
-    for step in bench.steps:
-        batch, seen = micro_batch(step, "packed" in switches, bench.max_seq_length,
-                                  bench.max_pred)
-        batches.append({"inputs": _on(bench.device, batch["inputs"]),
-                        "divisors": batch["divisors"].to(bench.device)})
+    for s in bench.steps:
+        arrays, seen = loader_arrays(s, cfg.data.layout, bench.max_seq_length, bench.max_pred)
+        batches.append(loop.to_device(arrays, batch_type, bench.device))
         digests.append(seen)
-    model.to(bench.device).train()
-    triton = None if "fused kernels" in switches else False
-    with triton_path(triton):  # the trainer's LAMB where the kernels are as this row runs them
-        optimizer = lamb(model)
-    return Trainee(stepper(model, switches), model, optimizer, batches, digests,
-                   _dtype("bf16" if "bf16" in switches else "fp32"), triton=triton)
+    return Trainee(lambda micro: loop.train_step(step, [micro]), core, step.plan.optimizer,
+                   batches, digests)
 
 
 # ---- measuring -----------------------------------------------------------------------------------
@@ -479,8 +438,7 @@ def train_row(bench: Bench, t: Trainee, result: Result) -> None:
         s = step.samples
         sync()
         start = time.perf_counter()
-        with triton_path(t.triton):
-            loss = train_step(t.forward, batch, t.optimizer, bench.device.type, t.dtype)
+        loss = t.step(batch)
         sync()
         if i >= bench.warmup:
             result.seconds.append(time.perf_counter() - start)
@@ -528,7 +486,7 @@ def rows(bench: Bench, precisions: tuple[str, ...]):
     for switch in SWITCHES:
         if switch == "bf16" and len(precisions) == 1:
             continue
-        why = unavailable(bench, switch, on)
+        why = unavailable(bench, (*on, switch))
         if why is None:
             on += (switch,)
         label = "bertperf: varlen" if switch == "varlen" else f"bertperf: + {switch}"
@@ -536,7 +494,7 @@ def rows(bench: Bench, precisions: tuple[str, ...]):
         def build(switches=on, why=why):
             if why is not None:
                 raise NotAvailable(why)
-            return bertperf_row(bench, switches)
+            return bertperf_row(bench, run_config(switches, bench.device.type))
 
         yield label, "bf16" if "bf16" in on else "fp32", build
 
@@ -563,45 +521,45 @@ def model_steps(batch: int = MODEL_BATCH) -> dict[str, Step]:
                            np.array([len(r) for r in rows]))}
 
 
-def trace_step(config, step: Step, packed: bool, triton: bool):
-    """The kernels of the trainer's bf16 step (forward_loss, backward, clipped LAMB, zero_grad)
-    on this micro-batch, traced on fake tensors (bench/roofline.py) with bertperf.kernels'
-    Triton path on or off, and the LAMB the trainer takes with it (FlatLamb, whose Triton
-    launches roofline's stand-ins record; Lamb); the segment lengths its attention runs over.
-    The traced micro-step adds its gradients to those already there, as all but the first of
-    the trainer's micro-steps do."""
+def trace_step(config, step: Step, layout: str, fused: bool):
+    """The kernels of the trainer's bf16 step on this micro-batch (train.loop.build_step and
+    train_step, as on one CUDA GPU with FUSED_KERNELS=1: the Triton kernels and FlatLamb, or 0:
+    plain PyTorch and Lamb), traced on fake tensors as CUDA runs it (bench/roofline.py); the
+    LAMB's class; the segment lengths its attention runs over. The traced micro-step adds its
+    gradients to those already there, as all but the first of the trainer's micro-steps do."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from bertperf.bench import roofline
+    from bertperf.kernels import backend
     from bertperf.model import BertForPreTraining
-    from bertperf.optim import clipped_step
+    from bertperf.train import loop
+    from bertperf.train.dist import Dist
+    from bertperf.train.layout import LAYOUTS
 
+    if fused and not backend.triton_installed():
+        raise UserError("the step-time model traces the Triton kernels' path, which needs "
+                        "Triton installed (pip install triton)")
+    cfg = run_config((layout, "bf16", *(("fused kernels",) if fused else ())), "cuda")
+    arrays, _ = loader_arrays(step, layout, 512, 76)
+    micro = loop.to_device(arrays, LAYOUTS[layout].batch_type, torch.device("cpu"))
     fake = FakeTensorMode()
-    with fake, triton_path(triton):
-        model = BertForPreTraining(config)
-        optimizer = lamb(model)
-    batch, _ = micro_batch(step, packed, 512, 76)
-    segments = np.diff(batch["inputs"]["cu_seqlens"].numpy())
-    batch = {"inputs": {k: fake.from_tensor(v) if isinstance(v, torch.Tensor) else v
-                        for k, v in batch["inputs"].items()},
-             "divisors": fake.from_tensor(batch["divisors"])}
-    forward = stepper(model, ())
-    calls = itertools.count()
+    with fake, roofline.OnCuda(), roofline.triton_stand_ins():
+        core = BertForPreTraining(config)
+        trainer = loop.build_step(cfg, Dist(0, 1), torch.device("cpu"), core)
+        micro = replace(micro, inputs=mapped(fake.from_tensor, micro.inputs),
+                        counts=fake.from_tensor(micro.counts))
+        calls = itertools.count()
 
-    def run():
-        if next(calls) == 0:  # untraced: the lazy state, then gradients to add to
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = forward(batch)
-            loss.backward()
-            clipped_step(optimizer, MAX_GRAD_NORM, None)
-            optimizer.zero_grad(set_to_none=False)
-            return
-        train_step(forward, batch, optimizer, "cpu", torch.bfloat16)
+        def run():
+            loop.train_step(trainer, [micro])
+            if next(calls) == 0:  # untraced: gradients to add to where zero_grad dropped them
+                for p in core.parameters():
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
 
-    with fake, triton_path(triton), roofline.triton_stand_ins():
         trace = roofline.trace(run)
-    return trace, segments, type(optimizer).__name__
+    return trace, np.diff(arrays["cu_seqlens"]), type(trainer.plan.optimizer).__name__
 
 
 MODEL_TITLE = "step-time MODEL for the GPU (a model, not a measurement)"
@@ -618,11 +576,15 @@ def print_model() -> None:
     t0 = time.perf_counter()
     steps = model_steps()
     traces, optimizers = {}, {}
-    for layout, triton in (("varlen", False), ("varlen", True), ("packed", True)):
-        trace, segments, optimizers[triton] = trace_step(config, steps[layout],
-                                                         layout == "packed", triton)
-        traces[layout, triton] = trace, roofline.flash_attention(
-            trace.ops, segments, config.hidden_size, config.num_attention_heads)
+    try:
+        for layout, triton in (("varlen", False), ("varlen", True), ("packed", True)):
+            trace, segments, optimizers[triton] = trace_step(config, steps[layout], layout,
+                                                             triton)
+            traces[layout, triton] = trace, roofline.flash_attention(
+                trace.ops, segments, config.hidden_size, config.num_attention_heads)
+    except UserError as exc:  # the measured table above stands
+        print(f"\n{MODEL_TITLE}: not available ({exc})")
+        return
     plain = traces["varlen", False][1]
     current, packed = traces["varlen", True][1], traces["packed", True][1]
     regions = sorted({op.region.rsplit(".", 1)[0] for op in plain
@@ -751,8 +713,9 @@ def measure_rows(args: argparse.Namespace) -> None:
     print(f"bench train, {datetime.date.today()}: {where}; torch {torch.__version__}, "
           f"transformers {transformers.__version__}, Python {platform.python_version()}")
     print(f"model: hidden {config.hidden_size}, {config.num_attention_heads} heads, intermediate "
-          f"{config.intermediate_size}, {layers} layers; LAMB lr {LR}, clipping at "
-          f"{MAX_GRAD_NORM}; dropout {config.hidden_dropout_prob}")
+          f"{config.intermediate_size}, {layers} layers; LAMB lr {LR} (bertperf rows: the "
+          f"trainer's step and schedule, MAX_STEPS={MAX_STEPS}), clipping at {MAX_GRAD_NORM}; "
+          f"dropout {config.hidden_dropout_prob}")
     timed_steps = [step.samples for step in steps[warmup:]]
     lengths = np.concatenate([s.lengths for s in timed_steps])
     print(f"data: {source}; {warmup} warm-up + {timed} timed steps a row, "

@@ -1,6 +1,7 @@
 """A stand-in for the parts of TensorFlow 1.x that the MLCommons reference
 `create_pretraining_data.py` and its `tokenization.py` use, so that `bench prep` can time the
-reference script itself without TensorFlow (pip install absl-py six protobuf google-crc32c):
+reference script itself without TensorFlow (pip install absl-py six protobuf google-crc32c; this
+folder's parent on PYTHONPATH, as `bench prep --tf-stub tools/tf_stub` puts it):
 
   tf.flags, tf.app.run   absl's flags and app, as TensorFlow 1.x wraps them
   tf.logging             info lines on stderr
