@@ -60,7 +60,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 IMPLEMENTATION_GLOBS = (
     "README.md", "LICENSE*", "NOTICE*", "Makefile", "pyproject.toml", "setup.py", "Dockerfile*",
     ".dockerignore", "requirements*.txt", "*.sh", "*.sub",          # config_*.sh, run_and_time.sh, run.sub
-    "data_prep/**/*", "compliance/**/*", "docs/*.md",
+    "data_prep/**/*", "compliance/**/*", "tools/**/*", "docs/*.md",
     "implementations/pytorch/*.sh", "implementations/pytorch/*.sub",
     "implementations/pytorch/Dockerfile*", "implementations/pytorch/README.md",
     "implementations/pytorch/requirements*.txt",

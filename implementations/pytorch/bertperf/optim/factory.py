@@ -2,7 +2,7 @@
 (FlatLamb: the same LAMB over one flat fp32 buffer, stepped by bertperf.kernels.lamb_step) or
 "sharded_lamb" (ShardedLamb: FlatLamb's state sharded over the ranks, ZeRO-1; the trainer's
 SHARDED_LAMB). use_flat_lamb says which of the first two a model's parameters take (the
-trainer's FLAT_LAMB rule; `bench train` asks it too). Hyper-parameters come from the caller
+trainer's FLAT_LAMB rule, asked by train/parallel.py). Hyper-parameters come from the caller
 (nothing here reads the environment); param groups carry their own weight_decay, which overrides
 `weight_decay`."""
 
