@@ -17,6 +17,9 @@ COMMANDS = {
     "clip": ("bertperf.bench.clip",
              "gradient clipping before or after DDP's all-reduce on gloo ranks: the all-reduces' "
              "overlap with backward (profiler) and the difference in the step"),
+    "layerwise": ("bertperf.bench.layerwise",
+                  "layerwise training (progressive stacking, MSLT) against normal training on "
+                  "the demo's data: time and samples to a target, step time per stage"),
     "train": ("bertperf.bench.train",
               ("training speed of HF BertForPreTraining and of bertperf's switches on the same "
                "samples, and a step-time model for the GPU")),

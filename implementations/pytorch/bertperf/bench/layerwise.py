@@ -1,0 +1,251 @@
+"""`python -m bertperf bench layerwise`: layerwise training (LAYERWISE, bertperf.train.layerwise)
+against normal training, the trainer itself run in this process on one CPU rank (--threads
+threads), on the demo's data (`make demo`: FOLDOC, 128-token samples, its 2,000-sample eval set),
+with a BERT of --layers layers of width --hidden (dropout 0.1), the same data order, seed and LR
+schedule (--samples samples, warm-up the first 10 %) for every run:
+
+  normal    the whole model from the first step (seeds --seed and --seed + 1: the run-to-run
+            spread)
+  stacking  progressive stacking: half the layers, then all (LAYERWISE_TRAIN=all, the new
+            layers copies of the trained ones, LAMB reset at the boundary), --stage samples
+  mslt      multi-stage layerwise training: a third of the layers, two thirds, all of them
+            training only the new top third (the rest frozen: forward only), then --stage more
+            samples of the whole model training (LAYERWISE_TRAIN=new, copies, LAMB reset)
+
+Clocks: a run's training time is the wall time of the training loop without its evals (every
+--eval-every samples, on the whole eval set); the step times are train_step's, and the frozen
+forward the time from the embeddings' start to the last frozen layer's end inside train_step
+(forward hooks). First table, per run: samples and training seconds to --target (the first eval
+at or above it), that time over normal training's (seed --seed), the accuracy at normal's
+time-to-target (the last eval by then), the final accuracy and the total training time. Second
+table, per stage: depth, trained layers, steps, median step time and the frozen forward's mean
+share of it. Goal: the target in <= 0.6 x normal training's time, the final accuracy within the
+two normal seeds' spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bertperf.errors import UserError
+
+GOAL = 0.6
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--demo", default="out/demo",
+                   help="prepare_demo.sh's output folder (default out/demo, from make demo)")
+    p.add_argument("--layers", type=int, default=6, help="encoder layers (default 6)")
+    p.add_argument("--hidden", type=int, default=128, help="hidden size (default 128; 2 heads, "
+                                                           "FFN 4x)")
+    p.add_argument("--batch", type=int, default=32, help="sequences a step (default 32)")
+    p.add_argument("--lr", type=float, default=0.02, help="LAMB's LR (default 0.02, the demo's)")
+    p.add_argument("--samples", type=int, default=16000,
+                   help="samples each run trains (default 16,000)")
+    p.add_argument("--stage", type=int, default=3200,
+                   help="samples of each stage but the last (default 3,200)")
+    p.add_argument("--eval-every", type=int, default=1600, help="samples between evals "
+                                                                "(default 1,600)")
+    p.add_argument("--target", type=float, default=0.12,
+                   help="the masked-LM accuracy timed (default 0.12, demo-like)")
+    p.add_argument("--seed", type=int, default=1, help="seed (default 1; normal also +1)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--runs", default="normal,normal2,stacking,mslt",
+                   help="which runs, comma-separated (default all four)")
+    p.add_argument("--out", default=None, help="folder for the runs' MLPerf logs (default: a "
+                                               "temporary one)")
+
+
+def schedules(layers: int, stage: int) -> dict[str, dict[str, str]]:
+    """The runs' LAYERWISE settings."""
+    half, third = max(1, layers // 2), max(1, layers // 3)
+    return {
+        "normal": {},
+        "normal2": {},
+        "stacking": {"LAYERWISE": f"{half}:{stage},{layers}", "LAYERWISE_TRAIN": "all",
+                     "LAYERWISE_INIT": "copy", "LAYERWISE_OPTIMIZER": "reset"},
+        "mslt": {"LAYERWISE": f"{third}:{stage},{2 * third}:{stage},{layers}:{stage},"
+                              f"{layers}:all",
+                 "LAYERWISE_TRAIN": "new", "LAYERWISE_INIT": "copy",
+                 "LAYERWISE_OPTIMIZER": "reset"},
+    }
+
+
+class Recorder:
+    """The clocks of one run, through wrappers around the loop's run_loop, train_step and
+    mlm_accuracy and forward hooks on the model (module docstring)."""
+
+    def __init__(self) -> None:
+        self.t0 = 0.0
+        self.eval_seconds = 0.0
+        self.evals: list[tuple[int, float, float]] = []  # samples, accuracy, training seconds
+        self.steps: list[tuple[int, int, float, float]] = []  # depth, frozen, seconds, frozen s
+        self.in_step = False
+        self.frozen_start = self.frozen_seconds = 0.0
+        self.trainer = None
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0 - self.eval_seconds
+
+    def install(self, loop) -> dict:
+        real = {"run_loop": loop.run_loop, "train_step": loop.train_step,
+                "mlm_accuracy": loop.mlm_accuracy}
+
+        def run_loop(trainer, report):
+            self.trainer = trainer
+            self.hooks(trainer)
+            self.t0 = time.perf_counter()
+            return real["run_loop"](trainer, report)
+
+        def train_step(step, micro):
+            encoder = step.plan.core.bert.encoder
+            self.frozen_seconds, self.in_step = 0.0, True
+            start = time.perf_counter()
+            loss = real["train_step"](step, micro)
+            seconds = time.perf_counter() - start
+            self.in_step = False
+            self.steps.append((len(encoder.layer), getattr(encoder, "frozen", 0), seconds,
+                               self.frozen_seconds))
+            return loss
+
+        def mlm_accuracy(*args, **kwargs):
+            at = self.clock()
+            start = time.perf_counter()
+            accuracy = real["mlm_accuracy"](*args, **kwargs)
+            self.eval_seconds += time.perf_counter() - start
+            self.evals.append((self.trainer.progress.samples, float(accuracy), at))
+            return accuracy
+
+        loop.run_loop, loop.train_step, loop.mlm_accuracy = run_loop, train_step, mlm_accuracy
+        return real
+
+    def hooks(self, trainer) -> None:
+        core = trainer.plan.core
+        encoder = core.bert.encoder
+        layers = trainer.stages.spare if trainer.stages.staged else list(encoder.layer)
+
+        def begin(module, args):
+            self.frozen_start = time.perf_counter()
+
+        def end(i):
+            def hook(module, args, out):
+                if self.in_step and getattr(encoder, "frozen", 0) == i + 1:
+                    self.frozen_seconds += time.perf_counter() - self.frozen_start
+            return hook
+        core.bert.embeddings.register_forward_pre_hook(begin)
+        for i, layer in enumerate(layers):
+            layer.register_forward_hook(end(i))
+
+
+def one_run(name: str, settings: dict[str, str], args, out: Path, model: Path) -> Recorder:
+    """Train one run in this process; its clocks."""
+    from bertperf import config
+    from bertperf.train import loop
+    demo = Path(args.demo)
+    steps = args.samples // args.batch
+    seed = args.seed + (1 if name == "normal2" else 0)
+    env = {"DATADIR_PHASE2": str(demo / "unpadded"),
+           "EVAL_FILE": str(demo / "hdf5" / "eval" / "eval_10k.hdf5"),
+           "BERT_CONFIG": str(model), "DEVICE": "cpu", "PRECISION": "fp32", "SEED": str(seed),
+           "BATCHSIZE": str(args.batch), "LR": str(args.lr), "MAX_STEPS": str(steps),
+           "WARMUP_STEPS": str(steps // 10), "EVAL_ITER_SAMPLES": str(args.eval_every),
+           "EVAL_BATCHSIZE": "256", "MAX_SAMPLES_TERMINATION": str(args.samples),
+           "SUBMISSION_DIVISION": "open", "TARGET_MLM_ACCURACY": "0.99", "LOG_FREQ": "0",
+           "DATA_VERIFY": "size", "LOGDIR": str(out), "MLLOG_FILE": str(out / f"{name}.txt"),
+           **settings}
+    recorder = Recorder()
+    real = recorder.install(loop)
+    try:
+        loop.main(config.load(env))
+    finally:
+        loop.run_loop, loop.train_step, loop.mlm_accuracy = (real["run_loop"], real["train_step"],
+                                                             real["mlm_accuracy"])
+    return recorder
+
+
+def to_target(r: Recorder, target: float) -> tuple[int, float] | None:
+    """(samples, training seconds) at the first eval at or above `target`."""
+    return next(((s, t) for s, a, t in r.evals if a >= target), None)
+
+
+def accuracy_at(r: Recorder, seconds: float) -> float | None:
+    """The accuracy of the last eval at or before `seconds` of training."""
+    got = [a for _, a, t in r.evals if t <= seconds + 1e-9]
+    return got[-1] if got else None
+
+
+def run(args: argparse.Namespace) -> int:
+    demo = Path(args.demo)
+    if not (demo / "unpadded").is_dir() or not (demo / "hdf5" / "eval" / "eval_10k.hdf5").is_file():
+        raise UserError(f"{demo}: no demo data (unpadded/ and hdf5/eval/eval_10k.hdf5); make demo "
+                        "prepares it")
+    if args.layers < 3 or args.samples < 4 * args.stage:
+        raise UserError("--layers must be at least 3 and --samples at least 4 x --stage")
+    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    plans = schedules(args.layers, args.stage)
+    unknown = [n for n in names if n not in plans]
+    if unknown or "normal" not in names:
+        raise UserError(f"--runs: {', '.join(plans)} (normal among them), not {args.runs!r}")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench_layerwise_"))
+    out.mkdir(parents=True, exist_ok=True)
+    model = out / "bert_config.json"
+    model.write_text(json.dumps({"vocab_size": 30522, "hidden_size": args.hidden,
+                                 "num_hidden_layers": args.layers, "num_attention_heads": 2,
+                                 "intermediate_size": 4 * args.hidden}))
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor())
+    print(f"{cpu}, {torch.get_num_threads()} thread(s); torch {torch.__version__}; "
+          f"{time.strftime('%Y-%m-%d', time.gmtime())}\nBERT {args.layers} layers x "
+          f"{args.hidden}, batch {args.batch}, {args.samples} samples, LR {args.lr}, evals every "
+          f"{args.eval_every} samples, target {args.target}; logs in {out}", flush=True)
+    results = {}
+    for name in names:
+        print(f"{name}: {plans[name] or 'LAYERWISE unset'}", flush=True)
+        results[name] = one_run(name, plans[name], args, out, model)
+    base = results["normal"]
+    base_target = to_target(base, args.target)
+    base_time = base_target[1] if base_target else base.evals[-1][2]
+    print(f"\n| run | samples to {args.target} | training s to it | x normal | accuracy at "
+          f"{base_time:.0f} s | final accuracy | training s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in results.items():
+        got = to_target(r, args.target)
+        at = accuracy_at(r, base_time)
+        print(f"| {name} | {got[0] if got else 'not reached'} | "
+              f"{f'{got[1]:.0f}' if got else '-'} | "
+              f"{f'{got[1] / base_target[1]:.2f}' if got and base_target else '-'} | "
+              f"{f'{at:.4f}' if at is not None else '-'} | {r.evals[-1][1]:.4f} | "
+              f"{r.evals[-1][2]:.0f} |")
+    print("\n| run | stage | layers (frozen) | steps | median step ms | frozen forward share |")
+    print("|---|---:|---|---:|---:|---:|")
+    for name, r in results.items():
+        stages: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        for depth, frozen, seconds, frozen_s in r.steps:
+            stages.setdefault((depth, frozen), []).append((seconds, frozen_s))
+        for i, ((depth, frozen), times) in enumerate(stages.items(), 1):
+            step = statistics.median(s for s, _ in times)
+            share = sum(f for _, f in times) / sum(s for s, _ in times)
+            print(f"| {name} | {i} | {depth} ({frozen}) | {len(times)} | {step * 1000:.0f} | "
+                  f"{share:.0%} |")
+    print("\nEval curves (samples: accuracy @ training s):")
+    for name, r in results.items():
+        print(f"  {name}: " + ", ".join(f"{s}: {a:.4f} @ {t:.0f}" for s, a, t in r.evals))
+    spread = [results[n].evals[-1][1] for n in ("normal", "normal2") if n in results]
+    for name in ("stacking", "mslt"):
+        if name in results and base_target:
+            got = to_target(results[name], args.target)
+            ratio = got[1] / base_target[1] if got else float("inf")
+            final = results[name].evals[-1][1]
+            print(f"{name}: {ratio:.2f} x normal's time to {args.target} (goal <= {GOAL}); final "
+                  f"accuracy {final:.4f} against normal's {min(spread):.4f}-{max(spread):.4f}: "
+                  f"goal {'met' if ratio <= GOAL and final >= min(spread) else 'not met'}")
+    return 0
