@@ -312,3 +312,14 @@ def test_frozen_layers_are_in_no_ddp_bucket_nor_sharded_state(tmp_path, monkeypa
     losses = run(monkeypatch, base_env(data, tmp_path / "out", LAYERWISE_TRAIN="new",
                                        LAYERWISE_OPTIMIZER="copy", **extra), inspect)
     assert len(losses) == N and len(set(checked)) == 3  # three stages, three trained sets
+
+
+def test_bench_schedules_are_valid_layerwise_settings():
+    """`bench layerwise`'s staged runs parse, add layers and end with the whole model."""
+    from bertperf.bench.layerwise import schedules
+    from bertperf.config import layerwise_stages
+    for layers in (3, 6, 12):
+        for name, settings in schedules(layers, 100).items():
+            if settings:
+                stages = layerwise_stages(settings["LAYERWISE"])
+                assert stages[-1][0] == layers and len(stages) >= 2, (name, stages)
