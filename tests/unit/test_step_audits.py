@@ -1,18 +1,23 @@
 """The packed training step audited on the CPU for what a GPU needs: no host synchronisation and no
 data-dependent shape inside the real loop's steps, bf16 activations under bf16 autocast except where
-fp32 is meant, and one compiled graph for the whole run (no graph break, no recompile). The data are
-real packed shards (bertperf-packed/1 files, written by bench.loader's helpers:
-tests/support/packed.py)."""
+fp32 is meant, one compiled graph for the whole run (no graph break, no recompile), and every random
+number of the step drawn on the device inside it. The data are real packed shards
+(bertperf-packed/1 files, written by bench.loader's helpers: tests/support/packed.py)."""
 
 from __future__ import annotations
 
+import importlib
+import random
 import sys
 
 import numpy as np
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from tests.support.packed import packed_env, tiny_config, trainer_for  # noqa: F401
 
@@ -224,3 +229,157 @@ def test_compiled_packed_step_has_one_graph_for_the_run(packed_env, tmp_path, ba
             assert counters["stats"]["unique_graphs"] == 1
     assert len(losses["none"]) == 20
     np.testing.assert_allclose(losses[backend], losses["none"], rtol=1e-4)
+
+
+# ---- (d) every random number drawn on the device, inside the step ------------------------------
+
+HOST_RNG = ("random", "_random", "numpy.random", "torch.random", "torch.cuda.random")
+"""Modules whose functions draw or seed on the host: Python's random, numpy's, torch's seeding."""
+
+SEEDED = ("bertperf::layer_norm", "bertperf::layer_norm_backward",
+          "bertperf::embedding_layer_norm", "bertperf::embedding_layer_norm_backward")
+"""The Triton dropout kernels' ops: the keep mask comes from their `seed` tensor."""
+
+
+def host_rng(frame, event, arg) -> str | None:
+    """The host RNG a profiled call (sys.setprofile) enters, if any: a Python function of
+    HOST_RNG, a C function or method of theirs, or a torch.Generator method."""
+    if event == "call":
+        module = frame.f_globals.get("__name__", "")
+    elif event == "c_call":
+        owner = getattr(arg, "__self__", None)
+        if isinstance(owner, torch.Generator):
+            return "torch.Generator"
+        module = getattr(arg, "__module__", None) or type(owner).__module__
+    else:
+        return None
+    return module if any(module == m or module.startswith(m + ".") for m in HOST_RNG) else None
+
+
+def numpy_state() -> tuple[bytes, int]:
+    _, keys, pos, *_ = np.random.get_state()
+    return keys.tobytes(), pos
+
+
+def traced_gpu_step(trainer, monkeypatch) -> tuple[list, list[str]]:
+    """One packed micro-step (the trainer's forward_loss under its autocast, then backward) on the
+    kernels a GPU runs: every kernel function on its Triton path, attention on the flash op,
+    traced on fake tensors (the ops' fake implementations stand for the kernels, the CPU for the
+    device). Returns the ops dispatched, (op, args, kwargs, output) in order, and the host RNG
+    used meanwhile: calls host_rng sees, numpy's global generator advanced, a numpy generator
+    made (numpy's Cython functions escape the profiler)."""
+    from bertperf.kernels import backend
+    monkeypatch.setattr(backend, "use_triton", lambda x: True)
+    monkeypatch.setattr(importlib.import_module("bertperf.kernels.varlen_attention"),
+                        "flash_supported", lambda qkv: True)
+    plan, micro = trainer.plan, next(trainer.batches)
+    mode = FakeTensorMode()
+    params = {name: mode.from_tensor(p) for name, p in plan.core.named_parameters()}
+    inputs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+              for k, v in micro.inputs.items()}
+    divisors = mode.from_tensor(micro.counts)
+    calls, host = [], []
+    make_generator = np.random.default_rng
+    monkeypatch.setattr(np.random, "default_rng", lambda *args, **kwargs: host.append(
+        "numpy.random.default_rng") or make_generator(*args, **kwargs))
+    before = numpy_state()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            calls.append((func, args, kwargs or {}, out))
+            return out
+
+    def profile(frame, event, arg):
+        if (module := host_rng(frame, event, arg)) is not None:
+            host.append(module)
+
+    def model(**kwargs):
+        return functional_call(plan.core, params, (), kwargs)
+
+    with mode, Ops():
+        sys.setprofile(profile)
+        try:
+            with trainer.autocast():
+                loss = plan.forward_loss(model, inputs, divisors)
+            loss.backward()
+        finally:
+            sys.setprofile(None)
+    if numpy_state() != before:
+        host.append("numpy.random")
+    return calls, host
+
+
+def seeds_and_sources(calls) -> tuple[list, list, list[str]]:
+    """The seed tensors of the dropout kernels' forward and backward ops (SEEDED; None: no
+    dropout, left out) and, for each forward seed, the op that made it (through aliases: a
+    detached seed is its source's)."""
+    made_by: dict[int, str] = {}
+    forward, backward = [], []
+    for func, args, _, out in calls:
+        name = func.overloadpacket.__name__
+        [ret, *_] = func._schema.returns or [None]
+        if ret is not None and ret.alias_info is not None and not ret.alias_info.is_write:
+            name = made_by.get(id(args[0]), name)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                made_by[id(t)] = name
+        if func._schema.name in SEEDED:
+            seed = args[[a.name for a in func._schema.arguments].index("seed")]
+            if seed is not None:
+                (backward if func._schema.name.endswith("_backward") else forward).append(seed)
+    return forward, backward, [made_by.get(id(s), "an input of the step") for s in forward]
+
+
+def test_every_random_number_is_drawn_on_the_device_inside_the_step(packed_env, tmp_path,
+                                                                     monkeypatch):
+    """The packed micro-step as a GPU runs it (traced_gpu_step, dropout 0.1): its only random
+    ops are one `randint` per Triton dropout site (kernels.layer_norm.new_seed: the embeddings'
+    and each layer's two sub-layer ends) and one flash attention op per layer, in that order,
+    on the step's device and its default generator (the one CUDA graphs capture); each dropout
+    kernel's seed is a fresh randint output (no tensor made from host values, none read back)
+    and its backward gets the same tensor; the flash op takes no seed (its kernel draws from the
+    default CUDA generator) and its backward gets the rng state its forward returned. Nothing
+    calls Python's random, numpy.random or torch's seeding functions meanwhile."""
+    trainer = trainer_for(packed_env, tmp_path, PRECISION="bf16", PREFETCH="0")
+    calls, host = traced_gpu_step(trainer, monkeypatch)
+    assert host == []
+    drawn = [c for c in calls if torch.Tag.nondeterministic_seeded in c[0].tags]
+    layers = trainer.plan.core.config.num_hidden_layers
+    assert [func.overloadpacket.__name__ for func, *_ in drawn] == \
+        ["randint"] + ["varlen_flash_attention", "randint", "randint"] * layers
+    for func, args, kwargs, out in drawn:
+        assert kwargs.get("generator") is None
+        assert {t.device for t in tree_leaves(out) if isinstance(t, torch.Tensor)} == \
+            {trainer.device}
+    assert not [c for c in calls if c[0].overloadpacket.__name__ in
+                ("lift_fresh", "_local_scalar_dense")]
+    forward, backward, sources = seeds_and_sources(calls)
+    assert sources == ["randint"] * (1 + 2 * layers)
+    assert len({id(s) for s in forward}) == len(forward) == len(backward)
+    assert {id(s) for s in backward} == {id(s) for s in forward}
+    assert all((s.dtype, s.shape) == (torch.int64, (1,)) for s in forward)
+    flash = [c for c in drawn if c[0] is torch.ops.bertperf.varlen_flash_attention.default]
+    for _, (qkv, cu_seqlens, *scalars), _, _ in flash:  # no seed among them
+        assert not any(isinstance(a, torch.Tensor) for a in scalars)
+        assert scalars[1] == trainer.plan.core.config.attention_probs_dropout_prob
+    flash_backward = [args for func, args, _, _ in calls
+                      if func is torch.ops.aten._flash_attention_backward.default]
+    assert {(id(a[12]), id(a[13])) for a in flash_backward} == \
+        {(id(out[2]), id(out[3])) for *_, out in flash} and len(flash_backward) == layers
+
+
+@pytest.mark.parametrize("draw, drawn_by", [
+    (lambda: random.getrandbits(62), "random"),
+    (lambda: int(np.random.randint(2**62)), "numpy.random"),
+    (lambda: int(np.random.default_rng().integers(2**62)), "numpy.random.default_rng"),
+], ids=["random", "numpy", "numpy-generator"])
+def test_the_rng_audit_sees_host_seeds(packed_env, tmp_path, monkeypatch, draw, drawn_by):
+    """The checks above catch a seed drawn on the host and made into a tensor."""
+    sublayer_end = importlib.import_module("bertperf.kernels.dropout_add_layer_norm")
+    monkeypatch.setattr(sublayer_end, "new_seed",
+                        lambda device: torch.tensor([draw()], device=device))
+    trainer = trainer_for(packed_env, tmp_path, PRECISION="bf16", PREFETCH="0")
+    calls, host = traced_gpu_step(trainer, monkeypatch)
+    assert drawn_by in host
+    assert seeds_and_sources(calls)[2] == ["randint"] + ["lift_fresh"] * 4

@@ -429,6 +429,79 @@ def test_eval_accuracy_over_the_whole_file_and_shards(tmp_path):
     assert sum(int((s.mlm_ids == word).sum()) for s in shares) == int((labels == word).sum())
 
 
+
+def test_eval_reads_the_device_once(tmp_path, monkeypatch):
+    """mlm_accuracy of a tiny BERT over the 64 eval samples in batches of 10 (7 batches): the
+    counts stay on the device and the only host read of a tensor is the summed counts' tolist,
+    once per eval; the accuracy is the one counted batch by batch on the host, and the model is
+    back in training mode."""
+    import contextlib
+
+    from bertperf.model import BertConfig, BertForPreTraining
+    from bertperf.train.dist import Dist
+    from bertperf.train.evaluation import eval_batches, load_eval_share, mlm_accuracy
+    env = make_dataset(tmp_path)
+    samples, _ = load_eval_share(Path(env["EVAL_FILE"]), 0, 1)
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=32,
+                                          max_position_embeddings=MSL)).eval()
+    with torch.no_grad():
+        hits = [(model(**b).mlm_logits.argmax(-1) == b["masked_lm_ids"]).numpy()
+                for b in eval_batches(samples, 10, torch.device("cpu"))]
+    expected = np.concatenate(hits).mean()
+    reads = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            reads.append(_name)
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    model.train()
+    accuracies = [mlm_accuracy(model, samples, 10, Dist(0, 1), torch.device("cpu"),
+                               contextlib.nullcontext) for _ in range(2)]
+    assert reads == ["tolist", "tolist"]
+    assert accuracies == [pytest.approx(expected)] * 2 and model.training
+
+
+def test_eval_copies_are_pinned_and_asynchronous_on_cuda(tmp_path, monkeypatch):
+    """For a CUDA device each eval batch is pinned and copied non_blocking (a copy from pageable
+    memory waits for the device), on the CPU copied as it is; mlm_counts on (fake) CUDA tensors
+    makes no host-to-device copy (its total is filled in on the device)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from bertperf.model import UnpaddedBatch
+    from bertperf.train.evaluation import eval_batches, load_eval_share, mlm_counts
+    samples, _ = load_eval_share(Path(make_dataset(tmp_path)["EVAL_FILE"]), 0, 1)
+    calls = []
+    monkeypatch.setattr(UnpaddedBatch, "pin_memory", lambda b: calls.append("pin") or b)
+    monkeypatch.setattr(UnpaddedBatch, "to", lambda b, device, non_blocking=False:
+                        calls.append((device.type, non_blocking)) or b)
+    for device, per_batch in (("cuda", ["pin", ("cuda", True)]), ("cpu", [("cpu", False)])):
+        calls.clear()
+        assert len(list(eval_batches(samples, 10, torch.device(device)))) == 7
+        assert calls == per_batch * 7
+
+    copies = []
+
+    class HostToDevice(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+            if {t.device.type for t in tensors} == {"cpu", "cuda"}:
+                copies.append(str(func))
+            return out
+
+    with FakeTensorMode():
+        logits = torch.empty(7, VOCAB, device="cuda")
+        labels = torch.empty(7, dtype=torch.int32, device="cuda")
+        with HostToDevice():
+            counts = mlm_counts(logits, labels)
+    assert copies == [] and (counts.device.type, counts.dtype) == ("cuda", torch.float64)
+
 # ---- init wiring -------------------------------------------------------------------------------
 
 def test_setup_logs_hyperparameters_and_schedule(tmp_path):

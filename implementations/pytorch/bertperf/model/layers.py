@@ -53,8 +53,9 @@ PROJECTIONS = ("query", "key", "value")
 
 class BertSelfAttention(nn.Module):
     """Q, K, V projections in one GEMM (`qkv`, rows: query, key, value) and variable-length
-    attention; returns the heads' context [T, hidden]. State dicts hold HF's query/key/value
-    tensors (`_split_qkv`, `_fuse_qkv`)."""
+    attention on the packed [T, 3, H, D] projection (its gradient comes back as one tensor);
+    returns the heads' context [T, hidden]. State dicts hold HF's query/key/value tensors
+    (`_split_qkv`, `_fuse_qkv`)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -69,7 +70,7 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
         qkv = self.qkv(x).view(x.shape[0], len(PROJECTIONS), self.num_heads, -1)
         p = self.dropout_prob if self.training else 0.0
-        ctx = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, max_seqlen, p)
+        ctx = varlen_attention(qkv, cu_seqlens, max_seqlen, p)
         return ctx.reshape(x.shape)
 
 
