@@ -45,8 +45,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 UNIT := -n auto --dist loadgroup tests/unit
 E2E := tests --ignore=tests/unit --ignore=tests/container
 test: setup
-	$(PY) -m pytest -q $(UNIT); unit=$$?; $(PY) -m pytest -q $(E2E); e2e=$$?; \
-	  exit $$(( unit || e2e ))
+	$(PY) -m pytest -q --durations=5 $(UNIT); unit=$$?; \
+	  $(PY) -m pytest -q --durations=5 $(E2E); e2e=$$?; exit $$(( unit || e2e ))
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(UNIT); unit=$$?; $(PY) -m pytest -q -m "not slow" $(E2E); \
