@@ -53,7 +53,8 @@ def test_bert_large_flops_per_sequence():
 # ---- the step-time model: pricing a hand-made trace ----------------------------------------------
 
 GPU = Gpu("test", tensor_flops=100e12, vector_flops=10e12, bandwidth=1e12,
-          attention_efficiency=0.25)
+          matmul_efficiency=0.8, memory_efficiency=0.9, attention_forward_efficiency=0.25,
+          attention_backward_efficiency=0.2, fp8_flops=200e12, fp8_efficiency=0.5)
 MB = 10**6
 
 
@@ -175,9 +176,81 @@ def test_attention_becomes_one_flash_kernel_each_way():
     assert forward.bytes == 4 * 8 * 8 * 2 + 8 * 2 * 4
     assert backward.bytes == 8 * 8 * 8 * 2 + 8 * 2 * 4
     assert forward.tensor_cores and forward.phase == "forward" and backward.phase == "backward"
-    # priced at the GPU's FlashAttention fraction of the tensor-core peak (no launch floor here)
+    # priced at the GPU's FlashAttention fractions of the tensor-core peak, forward and backward
+    # (no launch floor here)
+    assert roofline.kernel_seconds(forward, GPU, 0.0) == pytest.approx(
+        max(forward.flops / 25e12, forward.bytes / 0.9e12))
     assert roofline.kernel_seconds(backward, GPU, 0.0) == pytest.approx(
-        max(backward.flops / 25e12, backward.bytes / 0.9e12))
+        max(backward.flops / 20e12, backward.bytes / 0.9e12))
+
+
+def test_compile_does_not_fuse_across_the_triton_custom_ops():
+    """Inductor cannot fuse into a custom operator (bertperf::...): the elementwise chains on
+    either side of one stay two kernels, and it stays its own."""
+    ops = [Op(name, "forward", "", 1, (access(i, MB),), (access(i + 1, MB),),
+              created=frozenset({i + 1}))
+           for i, name in enumerate(("add", "mul", "bertperf::layer_norm", "add", "gelu"))]
+    fused = roofline.fuse_elementwise(ops)
+    assert [op.name for op in fused] == ["fused(2)", "bertperf::layer_norm", "fused(2)"]
+
+
+def fp8_trace(tokens: int = 2048) -> list[Op]:
+    """A linear layer over every token (x: storage 1, w: 2), forward and backward (the
+    incoming gradient: 4, shared by the data and the weight gradient), and the MLM head's
+    linear over 600 masked tokens, in model.layers."""
+    x, w, g = access(1, 2 * tokens * 1024), access(2, 2 * 1024 * 4096), access(4, 2 * tokens * 4096)
+    for a, shape in ((x, (tokens, 1024)), (w, (1024, 4096)), (g, (tokens, 4096))):
+        object.__setattr__(a, "view", (0, shape, (shape[1], 1), torch.bfloat16))
+    head = Access(5, (0, (600, 1024), (1024, 1), torch.bfloat16), 2 * 600 * 1024)
+    flops = 2.0 * tokens * 1024 * 4096
+    mm = dict(matmul=True, tensor_cores=True)
+    return [Op("mm", "forward", "model.layers.forward", flops, (x, w), (access(3, 1),), **mm),
+            Op("mm", "forward", "model.layers.forward", 1e9, (head, w), (access(6, 1),), **mm),
+            Op("mm", "backward", "model.layers.forward", flops, (g, w), (access(7, 1),), **mm),
+            Op("mm", "backward", "model.layers.forward", flops, (g, x), (access(8, 1),), **mm)]
+
+
+def test_fp8_runs_the_encoder_gemms_in_fp8_and_adds_their_casts():
+    """The encoder's GEMMs (over every token) at the FP8 rate, each operand cast once a
+    micro-step (read bf16, write FP8 and its transpose: 4 bytes an element), the gradient once
+    for both backward GEMMs; the MLM head's GEMM (over the masked tokens) untouched."""
+    out = roofline.fp8(fp8_trace(), tokens=2048)
+    assert [(op.name, op.fp8) for op in out] == [
+        ("fp8_cast_transpose_amax", False), ("mm", True), ("mm", False),
+        ("fp8_cast_transpose_amax", False), ("mm", True), ("mm", True)]
+    forward_cast, backward_cast = out[0], out[3]
+    assert forward_cast.bytes == 4 * (2048 * 1024 + 1024 * 4096)  # x and w
+    assert backward_cast.bytes == 4 * 2048 * 4096  # the gradient only
+    # priced at 50 % of the 200 TFLOP/s FP8 peak, where bf16 runs at 80 % of 100
+    assert roofline.kernel_seconds(out[1], GPU, 0.0) == pytest.approx(out[1].flops / 100e12)
+    assert roofline.kernel_seconds(out[2], GPU, 0.0) == pytest.approx(
+        max(1e9 / 80e12, out[2].bytes / 0.9e12))
+    with pytest.raises(ValueError, match="no FP8"):
+        roofline.kernel_seconds(out[1], replace(GPU, fp8_flops=0.0), 0.0)
+
+
+def test_the_efficiencies_are_the_anchors_over_the_datasheet_peaks():
+    """Every GPU's efficiencies are a published (or the developers') measurement in
+    bench/anchors.csv, installed with the package, over the datasheet peak; each anchor names
+    what was measured and where it was published."""
+    from pathlib import Path
+
+    assert roofline.ANCHORS.parent == Path(roofline.__file__).parent
+    anchors = roofline.anchors()
+    assert all(a.source and a.what for a in anchors.values())
+    for gpu in roofline.GPUS:
+        assert gpu.matmul_efficiency == anchors["gemm", gpu.name].value / gpu.tensor_flops
+        assert gpu.memory_efficiency == anchors["bandwidth", gpu.name].value / gpu.bandwidth
+        assert gpu.attention_forward_efficiency == \
+            anchors["attention_forward", gpu.name].value / gpu.tensor_flops
+        assert gpu.attention_backward_efficiency == \
+            anchors["attention_backward", gpu.name].value / gpu.tensor_flops
+        for fraction in (gpu.matmul_efficiency, gpu.memory_efficiency,
+                         gpu.attention_forward_efficiency, gpu.attention_backward_efficiency):
+            assert 0 < fraction < 1
+    a100, h100 = roofline.GPUS
+    assert a100.fp8_flops == 0 and h100.fp8_efficiency == \
+        anchors["gemm_fp8", h100.name].value / h100.fp8_flops
 
 
 def test_foreach_launches_follow_multi_tensor_apply():
@@ -558,4 +631,7 @@ def test_bench_train_prints_both_tables(tmp_path, cpu_emulates_bf16):
     assert "a model, not a measurement" in lines[model]
     model_rows = [line for line in lines[model:] if line.startswith(("| A100", "| H100"))]
     assert len(model_rows) >= 2 * 4 and all(len(r.strip("|").split("|")) == 8 for r in model_rows)
+    assert any("encoder GEMMs in FP8" in r for r in model_rows if r.startswith("| H100"))
+    assert not any("FP8" in r for r in model_rows if r.startswith("| A100"))
+    assert any(line.startswith("calibration check, A100") for line in lines[model:])
     assert report.read_text().count("step-time MODEL") == 1

@@ -21,10 +21,15 @@ launcher is replaced by a stand-in that records each launch (`launch`) with the 
 and writes.
 
 Price (`step_cost`): every kernel takes max(FLOPs / rate, bytes / bandwidth, launches x launch
-cost); rate: the tensor-core peak for fp16/bf16 matmuls (times MATMUL_EFFICIENCY) and for
-attention (times the GPU's FlashAttention fraction), the float32 peak for everything else; the
-bandwidth times MEMORY_EFFICIENCY. Not modelled: overlap of the host's launches with the GPU's work, caches,
-kernel efficiency below the stated fractions, host syncs, data loading, communication.
+cost); rate: the tensor-core peak for fp16/bf16 matmuls times MATMUL_EFFICIENCY, the FP8 peak
+for FP8 ones (`fp8`) times FP8_EFFICIENCY, the tensor-core peak for attention times the
+FlashAttention-2 fractions (forward and backward), the float32 peak for everything else; the
+bandwidth times MEMORY_EFFICIENCY. Each efficiency is calibrated on a published (or the
+developers') measurement of that kind of kernel on that GPU, kept as data in anchors.csv beside
+this file; none is fitted to a training result. Not modelled: the efficiencies' dependence on
+the shapes (BERT-large's GEMMs are smaller than the ones measured), overlap of the host's
+launches with the GPU's work, caches, host syncs, data loading, communication (bench scale adds
+the all-reduce). The launch costs are assumptions, not calibrated.
 
 Attention (`flash_attention`): on the CPU the model pads the sequences into a dense batch; on CUDA
 it runs one variable-length FlashAttention kernel per layer, forward and backward. The traced
@@ -34,7 +39,9 @@ recomputes Q K^T), reading q, k, v, output, its gradient and the log-sum-exp, wr
 
 Fusion (`fuse`): a run of consecutive operators becomes one kernel that reads the tensors it
 gets from outside the run once and writes only what is read after the run or outlives the step
-(parameters, gradients, optimizer state); its FLOPs are the run's.
+(parameters, gradients, optimizer state); its FLOPs are the run's. COMPILE (`fuse_elementwise`)
+fuses only ATen operators: bertperf's Triton kernels are custom operators inductor cannot fuse
+into or across, so they stay kernels of their own and cut the chains around them.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ import types
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -62,9 +69,37 @@ PACKAGE = Path(__file__).resolve().parents[1]
 aten = torch.ops.aten
 
 
+ANCHORS = Path(__file__).with_name("anchors.csv")
+"""The published (or the developers') measurements the efficiencies below are calibrated on, one
+a row: quantity (gemm, gemm_fp8, bandwidth, attention_forward, attention_backward, mlperf_fp8),
+gpu, value, unit, what was measured, source. Data, not code: installed with the package."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    quantity: str
+    gpu: str
+    value: float
+    unit: str
+    what: str
+    source: str
+
+
+@functools.cache
+def anchors(path: Path = ANCHORS) -> dict[tuple[str, str], Anchor]:
+    """The rows of anchors.csv by (quantity, gpu)."""
+    import csv
+
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {(r["quantity"], r["gpu"]): Anchor(r["quantity"], r["gpu"], float(r["value"]), r["unit"],
+                                              r["what"], r["source"]) for r in rows}
+
+
 @dataclass(frozen=True)
 class Gpu:
-    """The datasheet numbers the model prices kernels with."""
+    """The datasheet numbers the model prices kernels with, and the fractions of them kernels
+    reach (calibrated: the constants below)."""
 
     name: str
     tensor_flops: float
@@ -73,27 +108,73 @@ class Gpu:
     """float32 peak without tensor cores, FLOP/s."""
     bandwidth: float
     """Memory bandwidth, bytes/s."""
-    attention_efficiency: float
-    """Fraction of the tensor-core peak FlashAttention-2's kernels reach on this GPU."""
+    matmul_efficiency: float
+    """Fraction of tensor_flops a cuBLAS fp16/bf16 GEMM reaches."""
+    memory_efficiency: float
+    """Fraction of the bandwidth a memory-bound kernel reaches."""
+    attention_forward_efficiency: float
+    """Fraction of tensor_flops FlashAttention-2's forward kernel reaches."""
+    attention_backward_efficiency: float
+    """The same for its backward kernel."""
+    fp8_flops: float = 0.0
+    """Dense FP8 tensor-core peak, FLOP/s (0: no FP8 tensor cores)."""
+    fp8_efficiency: float = 0.0
+    """Fraction of fp8_flops an FP8 GEMM reaches."""
 
 
-GPUS = (
-    Gpu("A100 80GB SXM", 312e12, 19.5e12, 2.039e12, 0.5),
-    Gpu("H100 80GB SXM", 989e12, 67e12, 3.35e12, 0.35),
-)
-"""NVIDIA's datasheets: A100 80GB SXM (bf16 tensor 312 TFLOP/s dense, fp32 19.5 TFLOP/s,
-HBM2e 2,039 GB/s); H100 SXM (bf16 tensor 1,979 TFLOP/s with sparsity = 989 dense, fp32
-67 TFLOP/s, HBM3 3.35 TB/s). FlashAttention-2 reaches 50-73 % of the A100's peak (its paper,
-arXiv 2307.08691; head size 64 and the backward sit at the low end) and about 35 % of the
-H100's (FlashAttention-3's paper, arXiv 2407.08608)."""
-MATMUL_EFFICIENCY = 0.8
-"""Fraction of the tensor-core peak a large cuBLAS GEMM reaches (about 790 of 989 TFLOP/s)."""
-MEMORY_EFFICIENCY = 0.9
-"""Fraction of the bandwidth a streaming kernel reaches (about 3.0 of 3.35 TB/s)."""
+A100, H100 = "A100 80GB SXM", "H100 80GB SXM"
+PEAKS = {A100: (312e12, 19.5e12, 2.039e12, 0.0), H100: (989e12, 67e12, 3.35e12, 1979e12)}
+"""(dense fp16/bf16 tensor, float32, bandwidth, dense FP8 tensor) from NVIDIA's datasheets: A100
+80GB SXM (312 TFLOP/s, 19.5 TFLOP/s, HBM2e 2,039 GB/s, no FP8); H100 SXM (1,979 TFLOP/s bf16
+with sparsity = 989 dense, 67 TFLOP/s, HBM3 3.35 TB/s, FP8 3,958 with sparsity = 1,979 dense)."""
+
+
+def _fraction(quantity: str, gpu: str, peak: float) -> float:
+    return anchors()[quantity, gpu].value / peak
+
+
+MATMUL_EFFICIENCY = {A100: _fraction("gemm", A100, PEAKS[A100][0]),
+                     H100: _fraction("gemm", H100, PEAKS[H100][0])}
+"""Fraction of the fp16/bf16 tensor peak a cuBLAS GEMM reaches, from anchors.csv's gemm rows:
+A100 230 / 312 = 0.74 (fp16 matmul of 8192^2 matrices in PyTorch, the micro-benchmark table of
+github.com/mli/transformers-benchmarks); H100 790 / 989 = 0.80 (the developers' bf16 GEMM on one
+H100 SXM; a public 4224 x 8192 x 2048 run, Horace He's gist, gives 780). Every GEMM of the step
+is priced at it whatever its shape: BERT-large's (K = 1,024 or 4,096) are smaller than those."""
+FP8_EFFICIENCY = {H100: _fraction("gemm_fp8", H100, PEAKS[H100][3])}
+"""Fraction of the dense FP8 peak an FP8 GEMM reaches: H100 1,550 / 1,979 = 0.78 (DeepGEMM's
+README: up to 1,550 TFLOP/s on an H800, whose FP8 peak is the H100 SXM's, at 1.0x cuBLASLt)."""
+ATTENTION_FORWARD_EFFICIENCY = {A100: _fraction("attention_forward", A100, PEAKS[A100][0]),
+                                H100: _fraction("attention_forward", H100, PEAKS[H100][0])}
+"""Fraction of the tensor peak FlashAttention-2's forward kernel reaches: A100 0.50 (the low end
+of the 50-73 % its paper, arXiv 2307.08691, reports; head dim 64 and 512-token sequences are
+where its benchmarks are lowest); H100 335 / 989 = 0.34 (the paper's best H100 figure, section
+4.1; FlashAttention-3's paper, arXiv 2407.08608: FlashAttention-2 reaches 35 % of an H100)."""
+ATTENTION_BACKWARD_EFFICIENCY = {A100: _fraction("attention_backward", A100, PEAKS[A100][0]),
+                                 H100: _fraction("attention_backward", H100, PEAKS[H100][0])}
+"""The same for the backward kernel: A100 0.50 (FlashAttention-2's backward peaks at 63 % where
+its forward reaches 73 %: an upper bound at these shapes); H100 0.34 (the paper's H100 figure is
+forward and backward together)."""
+MEMORY_EFFICIENCY = {A100: _fraction("bandwidth", A100, PEAKS[A100][2]),
+                     H100: _fraction("bandwidth", H100, PEAKS[H100][2])}
+"""Fraction of the bandwidth a memory-bound kernel (elementwise, LayerNorm, the Triton kernels,
+LAMB) reaches, from anchors.csv's bandwidth rows: A100 1.616 / 2.039 = 0.79 (an fp32 a * 1.2,
+0.202 TFLOP/s at 8 bytes an element, the micro-benchmark table of mli/transformers-benchmarks);
+H100 3.0 / 3.35 = 0.90 (the developers' copy on one H100 SXM)."""
+
+
+def _gpu(name: str) -> Gpu:
+    tensor, vector, bandwidth, fp8 = PEAKS[name]
+    return Gpu(name, tensor, vector, bandwidth, MATMUL_EFFICIENCY[name], MEMORY_EFFICIENCY[name],
+               ATTENTION_FORWARD_EFFICIENCY[name], ATTENTION_BACKWARD_EFFICIENCY[name], fp8,
+               FP8_EFFICIENCY.get(name, 0.0))
+
+
+GPUS = (_gpu(A100), _gpu(H100))
+"""The GPUs the model prices (PEAKS and the calibrated efficiencies above)."""
 LAUNCH_SECONDS = 5e-6
-"""Eager PyTorch: host time to dispatch and launch one kernel."""
+"""Eager PyTorch: host time to dispatch and launch one kernel (not calibrated)."""
 GRAPH_LAUNCH_SECONDS = 1e-6
-"""A kernel replayed from a CUDA graph."""
+"""A kernel replayed from a CUDA graph (not calibrated)."""
 
 # torch's multi_tensor_apply (foreach kernels): tensors per launch by number of tensor lists,
 # chunks of 65,536 elements, 320 chunks per launch
@@ -138,6 +219,8 @@ class Op:
     launches: int = 1
     nbytes: float | None = None
     """Bytes moved, when not the sum of the distinct reads and writes."""
+    fp8: bool = False
+    """An FP8 GEMM (`fp8`), priced at the FP8 tensor-core rate."""
 
     @property
     def bytes(self) -> float:
@@ -473,25 +556,74 @@ def fuse_region(prefix: str) -> Callable[[Sequence[Op]], list[Op]]:
     return lambda ops: fuse(ops, lambda op: op.phase if op.region.startswith(prefix) else None)
 
 
+def is_custom_op(op: Op) -> bool:
+    """One of bertperf.kernels' Triton kernels, a custom operator (`bertperf::...`)."""
+    return op.name.startswith("bertperf::")
+
+
 def fuse_elementwise(ops: Sequence[Op]) -> list[Op]:
-    """Every run of consecutive forward or backward operators other than matmuls and attention
-    as one kernel: what torch.compile makes of the micro-step (it does not fuse into cuBLAS
-    matmuls; autograd's gradient accumulation and the optimizer are not in the compiled
-    micro-step)."""
-    return fuse(ops, lambda op: None if op.matmul or is_attention(op)
+    """Every run of consecutive forward or backward ATen operators other than matmuls, attention
+    and bertperf's Triton custom operators as one kernel: what torch.compile makes of the
+    micro-step. Inductor does not fuse into cuBLAS matmuls nor into or across a custom operator
+    (an opaque call to it: the chains before and after one stay two kernels, and it stays
+    its own); autograd's gradient accumulation and the optimizer are not in the compiled
+    micro-step."""
+    return fuse(ops, lambda op: None if op.matmul or is_attention(op) or is_custom_op(op)
                 or op.phase not in ("forward", "backward") else op.phase)
+
+
+FP8_REGION = "model.layers"
+"""Where the model's linear layers are called: those among them over every token of the
+micro-batch are the encoder's (QKV, attention output, the two FFN layers; the MLM head runs
+over the masked tokens, the pooler over the sequences), the GEMMs FP8 recipes (Transformer
+Engine's, NVIDIA's MLPerf H100 code) run in FP8."""
+
+
+def fp8(ops: Sequence[Op], tokens: int) -> list[Op]:
+    """The step with the encoder's linear layers in FP8, as Transformer Engine runs them: each of
+    their GEMMs (the FP8_REGION matmuls with an operand of `tokens` rows or columns: forward,
+    data gradient, weight gradient) at the FP8 rate, and before it one
+    cast kernel for those of its operands not cast yet in the micro-step: it reads the bf16
+    operand (2 bytes an element) and writes it in FP8 and its transpose in FP8 (1 + 1 bytes),
+    recording its amax on the way (TE's fused cast-transpose): the forward casts the activation
+    and the weight, the backward the incoming gradient, which the data and the weight gradient
+    share (the weight gradient reuses the forward's transposed activation). Nothing else
+    changes: attention, LayerNorm, GeLU, dropout, the embeddings, the MLM head and its loss,
+    LAMB and the all-reduce stay in bf16/fp32 (NVIDIA's MLPerf code also runs attention in FP8;
+    this does not)."""
+    out, cast = [], set()
+    for op in ops:
+        if op.matmul and op.tensor_cores and op.region.startswith(FP8_REGION) \
+                and any(tokens in a.view[1] for a in op.reads):
+            operands = [a for a in dict.fromkeys(op.reads)
+                        if len(a.view[1]) > 1 and a.storage not in cast]  # not addmm's bias
+            if operands:
+                cast.update(a.storage for a in operands)
+                elements = sum(a.nbytes for a in operands) / 2
+                out.append(Op("fp8_cast_transpose_amax", op.phase, op.region, elements,
+                              nbytes=4 * elements))
+            out.append(replace(op, fp8=True))
+        else:
+            out.append(op)
+    return out
 
 
 # ---- pricing -----------------------------------------------------------------------------------------
 
 def kernel_seconds(op: Op, gpu: Gpu, launch: float) -> float:
-    if op.name.startswith(FLASH):
-        rate = gpu.tensor_flops * gpu.attention_efficiency
+    if op.name == f"{FLASH}_forward":
+        rate = gpu.tensor_flops * gpu.attention_forward_efficiency
+    elif op.name.startswith(FLASH):
+        rate = gpu.tensor_flops * gpu.attention_backward_efficiency
+    elif op.fp8:
+        if not gpu.fp8_flops:
+            raise ValueError(f"{gpu.name} has no FP8 tensor cores")
+        rate = gpu.fp8_flops * gpu.fp8_efficiency
     elif op.tensor_cores:
-        rate = gpu.tensor_flops * MATMUL_EFFICIENCY
+        rate = gpu.tensor_flops * gpu.matmul_efficiency
     else:
         rate = gpu.vector_flops
-    return max(op.flops / rate, op.bytes / (gpu.bandwidth * MEMORY_EFFICIENCY),
+    return max(op.flops / rate, op.bytes / (gpu.bandwidth * gpu.memory_efficiency),
                op.launches * launch)
 
 

@@ -268,7 +268,7 @@ class Run:
 @dataclass(frozen=True)
 class Published:
     """An MLPerf result: olympic mean of its 10 runs and their mean samples trained, recomputed
-    from the result logs in mlcommons/training_results_v1.1 and v2.0 (`source` names the
+    from the result logs in mlcommons/training_results_v1.1, v2.0 and v2.1 (`source` names the
     folder). A row of PUBLISHED."""
 
     label: str
@@ -445,6 +445,50 @@ def predict(run: Run, compute: Compute, buckets: list[int], net: Network,
     return Prediction(run, compute, rest + last, exposed, shares * compute.micro_step / 3)
 
 
+# ---- the calibration check -----------------------------------------------------------------------
+
+CALIBRATION = ("v2.0 NVIDIA 1xDGX A100", "v2.1 NVIDIA 1xDGX A100")
+"""The published runs the model's A100 prediction is checked against (tests/unit/
+test_bench_scale.py): NVIDIA's closed 1xDGX A100 runs, fp16 (the A100's fp16 and bf16 tensor
+peaks are the same), 56 unpadded sequences a GPU, fused bias/GeLU/dropout/LayerNorm kernels and
+fused attention (FMHA), no CUDA graphs (config_DGXA100_1x8x56x1.sh of their pytorch and
+pytorch-22.09 folders): 300 and 304 sequences/s a GPU, evals included."""
+TOLERANCE = 0.15
+"""How far the model's A100 prediction may be from the published rates."""
+
+
+def per_gpu_rate(p: Prediction) -> float:
+    """Sequences/s a GPU over the whole run, evals included (how the result logs' rate is
+    counted: samples / run time / GPUs)."""
+    return p.run.samples / p.seconds_to_train / p.run.gpus
+
+
+def published_per_gpu_rate(run: Run) -> float:
+    return run.published.samples / (run.published.minutes * 60) / run.gpus
+
+
+def calibration() -> list[Prediction]:
+    """The model's predictions of the CALIBRATION runs: the trainer's varlen bf16 step with the
+    Triton kernels and FlatLamb at their 56 sequences a GPU on the A100 (`modelled`), their 8
+    GPUs' all-reduce, LAMB and evals, with bench scale's defaults."""
+    net = Network(8, NVLINK_GBPS * 1e9, NIC_GBIT * 1e9 / 8, NICS_PER_NODE, ALPHA_NVLINK_US * 1e-6,
+                  ALPHA_NET_US * 1e-6)
+    runs = [published_run(p) for p in load_published() if p.label in CALIBRATION]
+    return [predict(r, modelled(r.batch, r.packed), gradient_buckets(), net, 1.0) for r in runs]
+
+
+def describe_calibration(predictions: list[Prediction]) -> str:
+    """One line: each CALIBRATION run's predicted and published rate a GPU."""
+    def one(p: Prediction) -> str:
+        ours, theirs = per_gpu_rate(p), published_per_gpu_rate(p.run)
+        return (f"{p.run.published.label}: predicted {ours:.0f} seq/s a GPU, published "
+                f"{theirs:.0f} ({ours / theirs:.2f}x)")
+
+    return ("A100 (NVIDIA's MLPerf 1xDGX A100 runs, fp16, 56 unpadded sequences a GPU; bench "
+            "scale's model, evals included): " + "; ".join(one(p) for p in predictions)
+            + f" (tests/unit/test_bench_scale.py holds it within {TOLERANCE:.0%})")
+
+
 # ---- the command ---------------------------------------------------------------------------------
 
 def _positive(text: str) -> float:
@@ -562,6 +606,8 @@ def runs(args: argparse.Namespace) -> list[Run]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertperf.bench import roofline
+
     measured, net, overlap = _measured(args), network(args), _overlap(args.overlap)
     dtype = _dtype(args.grad_dtype)
     optimizer_ms = None if args.optimizer_ms is None else _flag("optimizer-ms", args.optimizer_ms)
@@ -593,8 +639,12 @@ def run(args: argparse.Namespace) -> int:
           f"NVSwitch {net.nvlink / 1e9:g} GB/s a GPU (alpha {net.alpha_nvlink * 1e6:g} us), "
           f"{net.nics_per_node} x {net.nic * 8 / 1e9:g} Gb/s InfiniBand a node = "
           f"{net.nic_per_gpu / 1e9:g} GB/s a GPU (alpha {net.alpha_net * 1e6:g} us)")
+    gpu = next(g for g in roofline.GPUS if g.name == GPU)
     print(f"compute: one {GPU}, bench/roofline.py's price of the trainer's bf16 step (Triton "
-          "kernels, FlatLamb), or measured (--step-ms)")
+          f"kernels, FlatLamb; GEMMs at {gpu.matmul_efficiency:.0%} of the tensor peak, attention "
+          f"at {gpu.attention_forward_efficiency:.0%}, memory at {gpu.memory_efficiency:.0%} of "
+          "the bandwidth, calibrated on published kernel measurements: bench/anchors.csv), or "
+          "measured (--step-ms)")
     print("| config | GPUs | global batch | samples to converge | steps | compute ms | "
           "optimizer ms | all-reduce ms exposed (NVLink + IB) / total | step ms | evals | "
           "predicted time to train | published | predicted / published | dominant term |")

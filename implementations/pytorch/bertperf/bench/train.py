@@ -93,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="folder of unpadded or packed training shards (prep unpad / prep pack)")
     src.add_argument("--synthetic", action="store_true",
                      help="synthetic samples with MLPerf-like lengths (bench.loader) instead")
+    src.add_argument("--model-only", action="store_true",
+                     help="print only the step-time model for the GPU (traced on fake tensors: "
+                          "no data, nothing measured, a minute on a CPU)")
     p.add_argument("--config", default="large",
                    help="model shape: large, base, tiny or a bert_config.json (default large)")
     p.add_argument("--layers", type=int,
@@ -568,20 +571,24 @@ MODEL_TITLE = "step-time MODEL for the GPU (a model, not a measurement)"
 def print_model() -> None:
     """The second table: BERT-large's step on an A100 and an H100 as the code runs it (varlen
     or packed, bertperf.kernels' Triton kernels and FlatLamb), without those kernels (and with
-    Lamb) and with each of them, and with COMPILE and USE_CUDA_GRAPH (bench/roofline.py)."""
-    from bertperf.bench import roofline
+    Lamb) and with each of them, and with COMPILE and USE_CUDA_GRAPH (bench/roofline.py); on the
+    H100 also with the encoder's GEMMs in FP8. Then the calibration check (NVIDIA's MLPerf A100
+    runs, bench scale's model of them) and, after it, the H100 rates beside NVIDIA's."""
+    from bertperf.bench import roofline, scale
     from bertperf.model import BertConfig
 
     config = BertConfig.large()
     t0 = time.perf_counter()
     steps = model_steps()
-    traces, optimizers = {}, {}
+    traces, optimizers, tokens = {}, {}, {}
     try:
         for layout, triton in (("varlen", False), ("varlen", True), ("packed", True)):
             trace, segments, optimizers[triton] = trace_step(config, steps[layout], layout,
                                                              triton)
+            tokens[layout] = int(segments.sum())
             traces[layout, triton] = trace, roofline.flash_attention(
                 trace.ops, segments, config.hidden_size, config.num_attention_heads)
+        calibration = scale.calibration()
     except UserError as exc:  # the measured table above stands
         print(f"\n{MODEL_TITLE}: not available ({exc})")
         return
@@ -591,6 +598,8 @@ def print_model() -> None:
                       if op.region.startswith("kernels.") and not roofline.is_attention(op)})
     flat = [op for op in plain if op.phase != "optimizer"] \
         + [op for op in current if op.phase == "optimizer"]
+    compiled = roofline.fuse_elementwise(packed)
+    best = "packed + COMPILE=inductor + USE_CUDA_GRAPH=1"
     rows = [(f"varlen, plain PyTorch (no Triton kernels; {optimizers[False]})", "varlen", plain,
              False),
             *((f"varlen, plain + {r.removeprefix('kernels.')} in one kernel", "varlen",
@@ -599,10 +608,11 @@ def print_model() -> None:
              False),
             ("varlen, Triton kernels", "varlen", current, False),
             ("packed (LAYOUT=packed), Triton kernels", "packed", packed, False),
-            ("packed + COMPILE=inductor (elementwise chains fused)", "packed",
-             roofline.fuse_elementwise(packed), False),
-            ("packed + COMPILE=inductor + USE_CUDA_GRAPH=1", "packed",
-             roofline.fuse_elementwise(packed), True)]
+            ("packed + COMPILE=inductor (ATen elementwise chains fused, not across the Triton "
+             "kernels)", "packed", compiled, False),
+            (best, "packed", compiled, True),
+            (f"{best}, encoder GEMMs in FP8 (not in the code)", "packed",
+             roofline.fp8(compiled, tokens["packed"]), True)]
     v, p = steps["varlen"].samples, steps["packed"]
     print(f"\n{MODEL_TITLE}: BERT-large, bf16 autocast, a step of 448 sequences as on one H100: "
           f"{MODEL_ACCUMULATION['varlen']} micro-batches of {MODEL_BATCH} sequences (varlen; "
@@ -615,31 +625,47 @@ def print_model() -> None:
           f"syncs in it: {traces['varlen', True][0].syncs} varlen, "
           f"{traces['packed', True][0].syncs} packed, not priced), with the LAMB the trainer "
           f"takes (FLAT_LAMB=auto): {optimizers[False]} without the Triton kernels, "
-          f"{optimizers[True]} with them; attention as FlashAttention "
-          f"varlen; a kernel takes max(FLOPs / rate, bytes / bandwidth, launch): matmuls at "
-          f"{roofline.MATMUL_EFFICIENCY:.0%} of the bf16 tensor peak, attention at "
-          + ", ".join(f"{g.attention_efficiency:.0%} ({g.name.split()[0]})" for g in roofline.GPUS)
-          + f", memory at {roofline.MEMORY_EFFICIENCY:.0%} of the bandwidth, launch "
-          f"{roofline.LAUNCH_SECONDS * 1e6:.0f} us (CUDA graphs: "
+          f"{optimizers[True]} with them; attention as FlashAttention-2 varlen; a kernel takes "
+          "max(FLOPs / rate, bytes / bandwidth, launch), at fractions of the datasheet peaks "
+          "calibrated on published kernel measurements (bench/anchors.csv): "
+          + "; ".join(f"{g.name.split()[0]} GEMMs {g.matmul_efficiency:.0%}"
+                      + (f" (FP8 {g.fp8_efficiency:.0%} of its FP8 peak)" if g.fp8_flops else "")
+                      + f", attention {g.attention_forward_efficiency:.0%} forward and "
+                      f"{g.attention_backward_efficiency:.0%} backward, memory "
+                      f"{g.memory_efficiency:.0%} of the bandwidth" for g in roofline.GPUS)
+          + f"; launch {roofline.LAUNCH_SECONDS * 1e6:.0f} us (CUDA graphs: "
           f"{roofline.GRAPH_LAUNCH_SECONDS * 1e6:.0f} us); MFU = model FLOP/s on real tokens / "
-          f"the matmul rate")
+          "the GPU's dense bf16 peak")
     print("| GPU | step | kernels | GB moved | ms/step | seq/s | MFU | vs plain |")
     print("|---|---|---|---|---|---|---|---|")
-    v = steps["varlen"].samples
     per_sequence = train_flops(config, v.lengths, int(v.mlm_counts.sum())) / len(v)
     sequences = {"varlen": len(v), "packed": MODEL_BATCH * MLPERF_PACKING}
+    rates = {}
     for gpu in roofline.GPUS:
         base = MODEL_ACCUMULATION["varlen"] * len(v) \
             / roofline.step_cost(plain, gpu, MODEL_ACCUMULATION["varlen"]).seconds
         for label, layout, ops, graphs in rows:
             if " + " in label and "plain" in label and gpu is not roofline.GPUS[-1]:
                 continue  # each kernel's share: on the H100 only
+            if "FP8" in label and not gpu.fp8_flops:
+                continue
             cost = roofline.step_cost(ops, gpu, MODEL_ACCUMULATION[layout], graphs)
-            rate = MODEL_ACCUMULATION[layout] * sequences[layout] / cost.seconds
-            mfu = rate * per_sequence / (gpu.tensor_flops * roofline.MATMUL_EFFICIENCY)
+            rate = rates[gpu.name, label] = MODEL_ACCUMULATION[layout] * sequences[layout] \
+                / cost.seconds
+            mfu = rate * per_sequence / gpu.tensor_flops
             print(f"| {gpu.name} | {label} | {cost.launches:,} | {cost.bytes / 1e9:,.1f} | "
                   f"{cost.seconds * 1e3:,.1f} | {rate:,.0f} | {mfu:.0%} | {rate / base:.2f}x |")
     print("(a model, not a measurement: `make gpu-check` measures the real thing)")
+    print("calibration check, " + scale.describe_calibration(calibration))
+    nvidia = roofline.anchors()["mlperf_fp8", roofline.H100]
+    h100 = roofline.H100
+    print(f"then the H100 (bf16 and FP8 predicted, one GPU, no all-reduce or evals): "
+          f"{rates[h100, best]:,.0f} seq/s bf16 as the code runs it ({best}); "
+          f"{rates[h100, best + ', encoder GEMMs in FP8 (not in the code)']:,.0f} seq/s with "
+          f"the encoder's GEMMs in FP8 (they and the cast/amax kernels FP8 adds are all it "
+          f"changes); NVIDIA's MLPerf code on 8 H100s: {nvidia.value:,.0f} {nvidia.unit} "
+          "measured (FP8 GEMMs and attention, packed, CUDA graphs; evals taken out; "
+          f"{nvidia.source.split(' (')[0]})")
 
 
 # ---- the command -----------------------------------------------------------------------------------
@@ -649,6 +675,14 @@ def _gib(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model_only:
+        import torch
+
+        print(f"bench train --model-only, {datetime.date.today()}: {_cpu_name()}, "
+              f"{platform.machine()} {platform.system()}; torch {torch.__version__}, Python "
+              f"{platform.python_version()}")
+        print_model()
+        return 0
     output = io.StringIO()
     with contextlib.redirect_stdout(Tee(sys.stdout, output)):
         measure_rows(args)
