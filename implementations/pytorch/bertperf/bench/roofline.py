@@ -151,9 +151,9 @@ where its benchmarks are lowest); H100 335 / 989 = 0.34 (the paper's best H100 f
 4.1; FlashAttention-3's paper, arXiv 2407.08608: FlashAttention-2 reaches 35 % of an H100)."""
 ATTENTION_BACKWARD_EFFICIENCY = {A100: _fraction("attention_backward", A100, PEAKS[A100][0]),
                                  H100: _fraction("attention_backward", H100, PEAKS[H100][0])}
-"""The same for the backward kernel: A100 0.50 (FlashAttention-2's backward peaks at 63 % where
-its forward reaches 73 %: an upper bound at these shapes); H100 0.34 (the paper's H100 figure is
-forward and backward together)."""
+"""The same for the backward kernel: A100 0.50 (the same low end of the paper's range, which
+covers both passes: an upper bound at head dim 64 and 512 tokens rather than a point measurement);
+H100 0.34 (the paper's H100 figure is forward and backward together)."""
 MEMORY_EFFICIENCY = {A100: _fraction("bandwidth", A100, PEAKS[A100][2]),
                      H100: _fraction("bandwidth", H100, PEAKS[H100][2])}
 """Fraction of the bandwidth a memory-bound kernel (elementwise, LayerNorm, the Triton kernels,
