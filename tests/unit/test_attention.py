@@ -392,3 +392,13 @@ def test_padded_compiles_once_for_batches_of_the_same_shapes():
         torch.testing.assert_close(compiled(qkv, cu, 32), varlen_attention_padded(qkv, cu, 32),
                                    rtol=1e-12, atol=1e-12)
     assert counter.frame_count == 1
+
+
+def test_bench_attention_times_every_path_on_the_packed_qkv():
+    """`bench attention` hands each path the packed [T, 3, H, D] projection, as the model does."""
+    from bertperf.bench.attention import time_path
+    from bertperf.kernels.varlen_attention import (varlen_attention_padded,
+                                                   varlen_attention_reference)
+    qkv, cu = torch.randn(10, 3, 2, 8), torch.tensor([0, 4, 10], dtype=torch.int32)
+    for fn in (varlen_attention_reference, varlen_attention_padded):
+        assert time_path(fn, qkv, cu, 6, 0.1, repeat=1) > 0

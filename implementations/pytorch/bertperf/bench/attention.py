@@ -2,7 +2,7 @@
 paths on this machine's CPU (or CUDA with --device cuda), on batches shaped like the demo's
 (64 sequences of 128-token FOLDOC samples, 2 heads of 64) and like BERT-large's (16 heads of
 64, MLPerf-like lengths up to 512), with the training's attention dropout (--dropout). Every path
-runs the same q, k, v: the per-sequence reference, the padded path, and the flash path where the
+runs the same packed qkv: the per-sequence reference, the padded path, and the flash path where the
 device takes it (CUDA sm80+ in fp16/bf16: --dtype, bfloat16 by default on CUDA). The table gives
 the median of --repeat timings and the ratio to the reference."""
 
@@ -42,15 +42,15 @@ def lengths_for(num: int, longest: int, gen: torch.Generator) -> torch.Tensor:
     return torch.where(full, torch.full_like(spread, longest), spread)
 
 
-def time_path(fn, q, k, v, cu, m, dropout_p: float, repeat: int) -> float:
+def time_path(fn, qkv, cu, m, dropout_p: float, repeat: int) -> float:
     times = []
     for _ in range(repeat + 1):
-        qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
-        if q.is_cuda:
+        leaf = qkv.detach().requires_grad_()
+        if qkv.is_cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        fn(qs, ks, vs, cu, m, dropout_p).float().sum().backward()
-        if q.is_cuda:
+        fn(leaf, cu, m, dropout_p).float().sum().backward()
+        if qkv.is_cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])  # the first is a warm-up
@@ -71,12 +71,11 @@ def run(args: argparse.Namespace) -> int:
         lengths = lengths_for(num, longest, gen)
         cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).to(args.device)
         total, m = int(lengths.sum()), int(lengths.max())
-        q, k, v = (torch.randn(total, heads, dim, generator=gen).to(device, dtype)
-                   for _ in range(3))
+        qkv = torch.randn(total, 3, heads, dim, generator=gen).to(device, dtype)
         base = None
         for name, fn in paths.items():
             try:
-                ms = 1000 * time_path(fn, q, k, v, cu, m, args.dropout, args.repeat)
+                ms = 1000 * time_path(fn, qkv, cu, m, args.dropout, args.repeat)
             except (RuntimeError, NotImplementedError) as exc:
                 print(f"| {label} | {name} | n/a ({str(exc).splitlines()[0][:60]}) | |")
                 continue
