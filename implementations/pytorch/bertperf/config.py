@@ -24,6 +24,7 @@ COMPILE_BACKENDS = ("none", "inductor", "aot_eager", "eager")
 LOADER_SPLITS = ("global_batch", "shards")
 VERIFY_MODES = ("md5", "size", "none")
 DEVICES = ("auto", "cuda", "cpu")
+GRAD_COMMS = ("allreduce", "bf16", "fp16", "powersgd", "powersgd_bf16", "localsgd")
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
@@ -195,6 +196,27 @@ class OptimConfig:
         gathered; trust ratios still per whole tensor). 0 (default): every rank holds and steps
         the whole optimizer, as MLPerf's reference. The same training within rounding;
         checkpoints hold whole tensors either way and resume with either setting.""")
+    grad_comm: str = setting("GRAD_COMM", str, "allreduce", curve=True, doc="""
+        How gradients cross the network between ranks (bertperf.train.comm; every mode but
+        allreduce is open division only, for slow networks): "allreduce" (default: DDP's fp32
+        all-reduce), "bf16" / "fp16" (each gradient bucket all-reduced in that type: half the
+        bytes), "powersgd" / "powersgd_bf16" (rank-POWERSGD_RANK PowerSGD with error feedback
+        from POWERSGD_START; _bf16: its matrices in bf16), "localsgd" (post-local SGD: from
+        LOCALSGD_START each node steps on its own gradient, the parameters averaged over all
+        ranks every LOCALSGD_PERIOD steps; LAMB's moments stay each rank's own). No effect with
+        one rank.""")
+    powersgd_rank: int = setting("POWERSGD_RANK", int, 4, curve=True, doc="""
+        GRAD_COMM=powersgd*: the rank of PowerSGD's approximation of each weight gradient
+        (1-4 typical; higher sends more and approximates better).""")
+    powersgd_start: int | None = setting("POWERSGD_START", int, curve=True, doc="""
+        GRAD_COMM=powersgd*: the optimizer step from which gradients are compressed (plain
+        all-reduce before); unset: the end of the LR warm-up (at least 2); an earlier step is
+        refused.""")
+    localsgd_period: int = setting("LOCALSGD_PERIOD", int, 8, curve=True, doc="""
+        GRAD_COMM=localsgd: steps between two averagings of the parameters over all ranks.""")
+    localsgd_start: int | None = setting("LOCALSGD_START", int, curve=True, doc="""
+        GRAD_COMM=localsgd: the optimizer step from which nodes step alone (DDP's all-reduce
+        before); unset: the end of the LR warm-up.""")
 
 
 @dataclass(frozen=True)
@@ -564,6 +586,12 @@ def _check_numbers(cfg: RunConfig) -> None:
          t.eval_iter_start_samples is None or t.eval_iter_start_samples >= 0, ">= 0 samples"),
         ("LOG_FREQ", t.log_every, t.log_every >= 0, ">= 0 steps (0: no progress lines)"),
         ("PREFETCH", cfg.data.prefetch, cfg.data.prefetch >= 0, ">= 0 batches"),
+        ("POWERSGD_RANK", o.powersgd_rank, o.powersgd_rank >= 1, "at least 1"),
+        ("LOCALSGD_PERIOD", o.localsgd_period, o.localsgd_period >= 1, "at least 1 step"),
+        ("POWERSGD_START", o.powersgd_start, o.powersgd_start is None or o.powersgd_start >= 0,
+         ">= 0 steps"),
+        ("LOCALSGD_START", o.localsgd_start, o.localsgd_start is None or o.localsgd_start >= 0,
+         ">= 0 steps"),
     )
     for key, value, ok, wanted in rules:
         if not ok:
@@ -584,6 +612,9 @@ def warnings(cfg: RunConfig) -> list[str]:
         out.append(f"LR={cfg.optim.lr:g} is above {LR_WARN_ABOVE:g}: LAMB moves every tensor by "
                    "LR times its own norm a step, so this run will diverge (MLPerf's recipes use "
                    "1e-4 to 4e-3)")
+    if cfg.optim.grad_comm != "allreduce" and cfg.dist.world_size == 1:
+        out.append(f"GRAD_COMM={cfg.optim.grad_comm} with one rank: no gradient leaves it, so "
+                   "the setting has no effect")
     return out
 
 
@@ -622,6 +653,12 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.submission_division not in DIVISIONS:
         raise UserError(f"SUBMISSION_DIVISION must be one of {', '.join(DIVISIONS)}, "
                         f"not {cfg.train.submission_division!r}")
+    if cfg.optim.grad_comm not in GRAD_COMMS:
+        raise UserError(f"GRAD_COMM must be one of {', '.join(GRAD_COMMS)}, "
+                        f"not {cfg.optim.grad_comm!r}")
+    if cfg.optim.grad_comm != "allreduce" and cfg.train.submission_division != OPEN:
+        raise UserError(f"GRAD_COMM={cfg.optim.grad_comm} is an open-division method: set "
+                        f"SUBMISSION_DIVISION=open (not {cfg.train.submission_division})")
     if cfg.train.submission_division == CLOSED and cfg.train.target_accuracy != TARGET_ACCURACY:
         raise UserError(f"TARGET_MLM_ACCURACY={cfg.train.target_accuracy}: the closed division's "
                         f"target is {TARGET_ACCURACY} (set SUBMISSION_DIVISION=open for another "

@@ -17,6 +17,9 @@ COMMANDS = {
     "clip": ("bertperf.bench.clip",
              "gradient clipping before or after DDP's all-reduce on gloo ranks: the all-reduces' "
              "overlap with backward (profiler) and the difference in the step"),
+    "comm": ("bertperf.bench.comm",
+             "GRAD_COMM's modes (compressed, low-rank, local SGD) training the demo to its target "
+             "across a tbf-throttled veth link between two network namespaces (root)"),
     "layerwise": ("bertperf.bench.layerwise",
                   "layerwise training (progressive stacking, MSLT) against normal training on "
                   "the demo's data: time and samples to a target, step time per stage"),

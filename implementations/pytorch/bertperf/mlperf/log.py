@@ -43,6 +43,12 @@ LAYERWISE_STAGE = "layerwise_stage"
 trains in from here (1 = the first); metadata samples_count and step (where it begins), layers
 (the encoder's depth) and trained ("all" or "new"). Logged when a stage begins."""
 
+GRAD_COMM_BYTES = "grad_comm_bytes"
+"""Our extra key, as RESUMED: value = the bytes a rank handed to collectives over all ranks per
+optimizer step, averaged over the run (bertperf.train.comm.Traffic); metadata grad_comm (the
+setting), reduction (what ran: none on one rank), world_bytes, node_bytes (within a node only)
+and steps. Logged at the end of a run, before run_stop."""
+
 
 def keep_previous(path: Path) -> Path | None:
     """Move an earlier log at `path` to <path>.N, N one above the highest kept already (so no
@@ -230,6 +236,13 @@ class MLPerfLogger:
         samples."""
         self.event(LAYERWISE_STAGE, stage, metadata={"layers": layers, "trained": trained,
                                                      "step": step, "samples_count": samples})
+
+    def grad_comm_bytes(self, grad_comm: str, reduction: str, per_step: float, world: int,
+                        node: int, steps: int) -> None:
+        """The GRAD_COMM_BYTES event (call before run_stop)."""
+        self.event(GRAD_COMM_BYTES, round(per_step, 1),
+                   metadata={"grad_comm": grad_comm, "reduction": reduction,
+                             "world_bytes": world, "node_bytes": node, "steps": steps})
 
 
 class Blocks:

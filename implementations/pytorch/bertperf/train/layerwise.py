@@ -162,7 +162,8 @@ class Stages:
                 p.data = p.data.clone()
         encoder.frozen = frozen
         trainer.plan.release()
-        plan = parallelize(core, self.cfg, trainer.dist, trainer.device, trainer.scaler)
+        plan = parallelize(core, self.cfg, trainer.dist, trainer.device, trainer.scaler,
+                           trainer.plan.traffic)
         if saved is not None:
             plan.optimizer.load_state_dict(carried_moments(saved, plan.optimizer, sources))
         if boundary:

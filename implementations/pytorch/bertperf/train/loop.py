@@ -171,7 +171,9 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
              "optimizer": plan.optimizer, "scheduler": scheduler,
              **({"scaler": checkpoint.LossScale(scaler)} if scaler is not None else {}),
              "loader": batches, "progress": progress,
-             "rng": checkpoint.RandomState(dist.rank, cfg.train.seed, progress)}
+             "rng": checkpoint.RandomState(dist.rank, cfg.train.seed, progress),
+             **({"grad_comm": plan.comm} if plan.comm is not None and plan.comm.stateful
+                else {})}
     trainer = Trainer(cfg, dist, device, plan, scheduler, scaler, loader, batches, eval_share,
                       log, global_batch_size, progress,
                       checkpoint.Checkpointer(parts, cfg.checkpoint, dist, device), stages)
@@ -290,6 +292,7 @@ def train_step(step: Step, micro: list[MicroBatch]) -> torch.Tensor:
         total += loss.detach()
     outcome = clipped_step(plan.optimizer, plan.max_grad_norm, step.scaler)
     step.scheduler.step(outcome.ok)
+    plan.after_step()  # GRAD_COMM=localsgd's averaging; the step's bytes counted
     plan.optimizer.zero_grad(set_to_none=True)
     return total
 
@@ -310,7 +313,7 @@ def warm_up(trainer: Trainer) -> None:
     if not (plan.compiled or trainer.device.type == "cuda"):
         return
     parts = {name: part for name, part in trainer.checkpointer.parts.items()
-             if name in ("model", "optimizer", "scheduler", "scaler")}
+             if name in ("model", "optimizer", "scheduler", "scaler", "grad_comm")}
     saved = {name: _to_host(part.state_dict()) for name, part in parts.items()}
     generators = checkpoint.RandomState(0, cfg.train.seed, trainer.progress)  # every rank's own
     random_state = generators.state_dict()
@@ -326,6 +329,7 @@ def warm_up(trainer: Trainer) -> None:
     for name, part in parts.items():
         part.load_state_dict(saved[name])
     generators.load_state_dict(random_state)
+    plan.traffic.reset()
 
 
 def _to_host(state):
@@ -475,6 +479,13 @@ def main(cfg: RunConfig) -> int:
                 log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED})
                 raise
             log.event(C.TRAIN_SAMPLES, stop.samples)
+            traffic = trainer.plan.traffic
+            log.grad_comm_bytes(cfg.optim.grad_comm, trainer.plan.reduction.name,
+                                traffic.per_step(), traffic.world, traffic.node, traffic.steps)
+            report(f"gradient exchange ({trainer.plan.reduction.name}): "
+                   f"{traffic.per_step() / 2**20:.3f} MiB a step to all ranks "
+                   f"({traffic.world} bytes over {traffic.steps} steps"
+                   + (f"; {traffic.node} bytes within the node" if traffic.node else "") + ")")
             log.end(C.RUN_STOP, metadata={C.STATUS: stop.status})
             report(f"run_stop: {stop.status} after {stop.samples} samples")
             if cfg.train.plot and trainer.dist.rank == 0:

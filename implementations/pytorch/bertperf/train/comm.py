@@ -1,0 +1,232 @@
+"""GRAD_COMM: compressed and infrequent gradient exchange for slow networks (open division), built
+from what torch ships in torch.distributed.algorithms: DDP communication hooks (bf16/fp16
+compression, PowerSGD with error feedback and warm start, post-local SGD) and the periodic model
+averager. `train/parallel.py` makes one REDUCTIONS entry of each (`Comm.install` registers the
+hook on the DDP model; `Comm.after_step` runs after each optimizer step: local SGD's parameter
+averaging); `Traffic` counts the bytes each rank hands to collectives, for every reduction.
+
+What a rank sends is counted as the size of the tensors it hands to all-reduces (a reduce-scatter
+plus an all-gather of N bytes count N, the traffic of one all-reduce of N bytes; on the wire a
+ring all-reduce of N bytes sends 2(W-1)/W x N bytes per rank). `world` counts collectives over
+every rank, `node` those within a node only (local SGD's gradient all-reduce between the ranks
+of one machine after LOCALSGD_START)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as tdist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
+                                                                            post_localSGD_hook)
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+
+@dataclass
+class Traffic:
+    """Bytes this rank handed to collectives, and optimizer steps counted."""
+
+    world: int = 0
+    node: int = 0
+    steps: int = 0
+
+    def per_step(self) -> float:
+        return self.world / self.steps if self.steps else 0.0
+
+    def reset(self) -> None:
+        self.world = self.node = self.steps = 0
+
+
+def grad_bytes(params: list[torch.nn.Parameter]) -> int:
+    """The bytes of one full fp32 (parameter dtype) gradient of `params`."""
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+class Comm:
+    """A GRAD_COMM mode's hook and state on one rank (module docstring). Subclasses: `hook`
+    (called by DDP with each bucket) and, where the mode keeps state, `state_dict` /
+    `load_state_dict` (a checkpoint part, `grad_comm`)."""
+
+    stateful = False
+
+    def __init__(self, cfg: Any, traffic: Traffic, start: int) -> None:
+        self.cfg, self.traffic, self.start = cfg, traffic, start
+
+    def install(self, ddp: torch.nn.parallel.DistributedDataParallel,
+                params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+
+        def hook(state, bucket):  # unannotated: DDP checks annotations, and ours are strings
+            return self.hook(state, bucket)
+
+        ddp.register_comm_hook(None, hook)
+
+    def hook(self, _state: Any, bucket: tdist.GradBucket) -> torch.futures.Future:
+        raise NotImplementedError
+
+    def after_step(self) -> None:
+        """After each optimizer step (before the gradients are cleared)."""
+
+    def _count(self, bucket: tdist.GradBucket) -> None:
+        buffer = bucket.buffer()
+        self.traffic.world += buffer.numel() * buffer.element_size()
+
+
+class Compress(Comm):
+    """bf16 / fp16: each bucket cast to the half type, all-reduced (averaged) there and cast back
+    (torch's bf16_compress_hook / fp16_compress_hook): half the bytes, the average rounded to 8
+    (bf16) or 11 (fp16) significant bits."""
+
+    def __init__(self, cfg: Any, traffic: Traffic, start: int, dtype: torch.dtype) -> None:
+        super().__init__(cfg, traffic, start)
+        self.dtype = dtype
+        self.torch_hook = default_hooks.bf16_compress_hook if dtype == torch.bfloat16 \
+            else default_hooks.fp16_compress_hook
+
+    def hook(self, _state: Any, bucket: tdist.GradBucket) -> torch.futures.Future:
+        buffer = bucket.buffer()
+        self.traffic.world += buffer.numel() * torch.finfo(self.dtype).bits // 8
+        return self.torch_hook(None, bucket)
+
+
+class PowerSGD(Comm):
+    """PowerSGD (Vogels et al. 2019; torch's powerSGD_hook over a PowerSGDState with error
+    feedback and warm start): each 2-D gradient M (n x m) whose rank-r factors are at least
+    twice smaller is sent as P (n x r) and Q (m x r), M ~ P Q^T, the others uncompressed in one
+    all-reduce; what the approximation missed (M - P Q^T, per rank) is kept and added to the
+    next step's gradient (error feedback), and Q starts from the last step's (warm start).
+    Plain all-reduce before POWERSGD_START. `bf16`: the buckets go through it in bf16 (torch's
+    bf16_compress_wrapper), P, Q and the error buffer too.
+
+    DDP rebuilds its buckets after a new DDP's first step (the order gradients became ready),
+    and PowerSGD keys its error and Q by bucket index: so the first step of every new DDP, a
+    resumed run's too, is a plain all-reduce here (a fresh run's is anyway: POWERSGD_START >= 2),
+    and a checkpoint's error and Q, saved with the rebuilt buckets, are used from the second."""
+
+    stateful = True
+
+    def __init__(self, cfg: Any, traffic: Traffic, start: int, bf16: bool) -> None:
+        super().__init__(cfg, traffic, start)
+        self.state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=cfg.optim.powersgd_rank,
+            start_powerSGD_iter=max(2, start), use_error_feedback=True, warm_start=True,
+            orthogonalization_epsilon=1e-8, random_seed=0)
+        self.first_step = True
+        inner = self._hook
+        self.hook = default_hooks.bf16_compress_wrapper(inner) if bf16 else inner
+
+    def _hook(self, _state: Any, bucket: tdist.GradBucket) -> torch.futures.Future:
+        state, buffer = self.state, bucket.buffer()
+        size = buffer.element_size()
+        if self.first_step or state.iter < state.start_powerSGD_iter:
+            if bucket.is_last():
+                self.first_step = False
+            state.maybe_increase_iter(bucket)
+            self.traffic.world += buffer.numel() * size
+            return default_hooks._allreduce_fut(tdist.group.WORLD, buffer)
+        before = state.total_numel_after_compression
+        fut = powerSGD_hook.powerSGD_hook(state, bucket)
+        self.traffic.world += (state.total_numel_after_compression - before) * size
+        return fut
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step count, Q and P (the same on every rank: all-reduced) and every rank's own
+        error buffers, gathered (a collective: every rank saves)."""
+        s = self.state
+        errors = [None] * tdist.get_world_size()
+        tdist.all_gather_object(errors, {k: v.cpu() for k, v in s.error_dict.items()})
+        return {"iter": s.iter, "q": {k: v.cpu() for k, v in s.q_memory_dict.items()},
+                "p": {k: v.cpu() for k, v in s.p_memory_dict.items()},
+                "errors": errors}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Every rank takes its own error buffers; with another world size the error restarts
+        at zero (the Q matrices and the step count carry on)."""
+        s, rank = self.state, tdist.get_rank()
+        device = next(iter(self.params)).device
+        s.iter = int(saved["iter"])
+        s.q_memory_dict = {int(k): v.to(device) for k, v in saved["q"].items()}
+        s.p_memory_dict = {int(k): v.to(device) for k, v in saved["p"].items()}
+        errors = saved["errors"]
+        s.error_dict = {int(k): v.to(device) for k, v in errors[rank].items()} \
+            if len(errors) == tdist.get_world_size() else {}
+
+
+def node_group() -> tuple[Any, int]:
+    """(this rank's process group of the ranks on its machine (same host name), its size)."""
+    names = [None] * tdist.get_world_size()
+    tdist.all_gather_object(names, socket.gethostname())
+    nodes: dict[str, list[int]] = {}
+    for rank, name in enumerate(names):
+        nodes.setdefault(name, []).append(rank)
+    mine = names[tdist.get_rank()]
+    group = None
+    for ranks in nodes.values():  # every rank creates every group, in the same order
+        g = tdist.new_group(ranks)
+        if mine == names[ranks[0]]:
+            group = g
+    return group, len(nodes[mine])
+
+
+class LocalSGD(Comm):
+    """Post-local SGD (Lin et al. 2020; torch's PostLocalSGDState + post_localSGD_hook and a
+    PeriodicModelAverager): DDP's all-reduce of the gradients until LOCALSGD_START, then each
+    node steps on its own gradient (all-reduced between the ranks of one machine only, none when
+    it has one rank) and every LOCALSGD_PERIOD steps the parameters are averaged over all ranks.
+    Only the parameters: LAMB's moments stay each rank's own. The averager writes the averages
+    into the parameters' own storage (FlatLamb's views stay views)."""
+
+    stateful = True
+
+    def __init__(self, cfg: Any, traffic: Traffic, start: int) -> None:
+        super().__init__(cfg, traffic, start)
+        group, size = node_group()
+        self.node_ranks = size
+        self.state = PostLocalSGDState(process_group=None, subgroup=group,
+                                       start_localSGD_iter=start,
+                                       post_local_gradient_allreduce=size > 1)
+        self.averager = PeriodicModelAverager(period=cfg.optim.localsgd_period,
+                                              warmup_steps=start)
+
+    def hook(self, _state: Any, bucket: tdist.GradBucket) -> torch.futures.Future:
+        buffer = bucket.buffer()
+        if self.state.iter < self.state.start_localSGD_iter:
+            self.traffic.world += buffer.numel() * buffer.element_size()
+        elif self.state.post_local_gradient_allreduce:
+            self.traffic.node += buffer.numel() * buffer.element_size()
+        return post_localSGD_hook(self.state, bucket)
+
+    def averages_now(self) -> bool:
+        a = self.averager
+        return a.step >= a.warmup_steps and (a.step - a.warmup_steps) % a.period == 0
+
+    def after_step(self) -> None:
+        params = [p for p in self.params if p.grad is not None]
+        if self.averages_now():
+            self.traffic.world += grad_bytes(params)
+        storage = [p.data for p in params]
+        self.averager.average_parameters(params)
+        for p, own in zip(params, storage):  # torch's average replaces .data: copy it back
+            if p.data is not own:
+                own.copy_(p.data)
+                p.data = own
+
+    def state_dict(self) -> dict[str, int]:
+        return {"iter": self.state.iter, "averager_step": self.averager.step}
+
+    def load_state_dict(self, saved: dict[str, int]) -> None:
+        self.state.iter = int(saved["iter"])
+        self.averager.step = int(saved["averager_step"])
+
+
+MODES: dict[str, Callable[[Any, Traffic, int], Comm]] = {
+    "bf16": lambda cfg, traffic, start: Compress(cfg, traffic, start, torch.bfloat16),
+    "fp16": lambda cfg, traffic, start: Compress(cfg, traffic, start, torch.float16),
+    "powersgd": lambda cfg, traffic, start: PowerSGD(cfg, traffic, start, bf16=False),
+    "powersgd_bf16": lambda cfg, traffic, start: PowerSGD(cfg, traffic, start, bf16=True),
+    "localsgd": LocalSGD,
+}
+"""GRAD_COMM's modes other than allreduce: how each is made on a rank."""
