@@ -23,8 +23,9 @@ RUN python -c 'import torch' 2>/dev/null \
 # builds the package and its C extension where the base has a compiler (pure Python otherwise,
 # same output).
 COPY pyproject.toml setup.py ./
+# fp8: torchao (FP8=1), imported only by runs that ask for FP8.
 # hadolint ignore=DL3013
-RUN mkdir -p implementations/pytorch && touch README.md && pip install --no-cache-dir ".[mpi]"
+RUN mkdir -p implementations/pytorch && touch README.md && pip install --no-cache-dir ".[mpi,fp8]"
 COPY README.md ./
 COPY implementations ./implementations
 # hadolint ignore=DL3013

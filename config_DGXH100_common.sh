@@ -19,3 +19,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/config_common.sh"
 export DATADIR_PHASE2
 export LAYOUT=packed        # fixed-shape rows
 export PACKING_FACTOR=2     # global_batch_size = rows x 2, NVIDIA's --average_packing_rate
+
+# FP8 (H100 and newer; bertperf.model.fp8): the encoder's 4 GEMMs a layer in FP8 (torchao's
+# dynamic tensorwise recipe, E4M3 forward / E5M2 gradients), as NVIDIA's H100 submissions train
+# them (with Transformer Engine). Off until a GPU run proves it, as COMPILE and USE_CUDA_GRAPH
+# stay off: FP8=1 turns it on. The A100 configs do not set it (refused below sm_89).
+: "${FP8:=0}"
+export FP8

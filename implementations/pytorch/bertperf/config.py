@@ -70,6 +70,17 @@ def auto_yes_no(text: str) -> bool | None:
 auto_yes_no.what = "auto or yes/no value (1/0, true/false, yes/no, on/off)"
 
 
+def fp8_mode(text: str) -> str:
+    """FP8's value: "1" or "0" (any yes/no spelling), or "emulate"."""
+    value = text.strip().lower()
+    if value == "emulate":
+        return value
+    return "1" if yes_no(value) else "0"
+
+
+fp8_mode.what = "yes/no value (1/0, true/false, yes/no, on/off) or emulate"
+
+
 def setting(env: str, conv: Callable[[str], Any], default: Any = None, *, doc: str,
             curve: bool = False) -> Any:
     """A field set by the variable `env` (and its flag), parsed by `conv`. `doc` is its help
@@ -259,6 +270,13 @@ class TrainConfig:
     use_cuda_graph: bool = setting("USE_CUDA_GRAPH", yes_no, False, doc="""
         LAYOUT=packed, CUDA only: replay the micro-step as CUDA graphs (torch.compile
         mode="reduce-overhead"; with COMPILE=none, inductor).""")
+    fp8: str = setting("FP8", fp8_mode, "0", curve=True, doc="""
+        1: the encoder's linear layers (qkv, attention output, intermediate, output: 4 a layer)
+        train in FP8 with torchao's float8 training, "tensorwise" recipe: dynamic per-tensor
+        scales, E4M3 inputs and weights, E5M2 output gradients (bertperf.model.fp8). Needs
+        PRECISION=bf16 and a GPU of sm_89 or newer (Ada, Hopper); embeddings, heads, LayerNorm,
+        attention, the optimizer and checkpoints (fp32) stay as they are. 0 (default): off.
+        emulate: the same casts and scales emulated in high precision on any device (tests).""")
     output_dir: Path = setting("LOGDIR", Path, Path("results"), doc="""
         Folder for the MLPerf log.""")
     log_file: Path | None = setting("MLLOG_FILE", Path, doc="""

@@ -8,6 +8,9 @@ them as HF's `query`, `key` and `value` tensors (split on save, concatenated on 
 are marked `lamb_row_blocks = 3`, so LAMB takes their norms and trust ratio per q/k/v block as
 the TF reference, which has separate variables, does.
 
+The encoder's four GEMMs a layer run in FP8 where bertperf.model.fp8 converted their layers
+(FP8): `qkv` as a module call, the three bias-less ones through `gemm`.
+
 Each layer calls one fused op of bertperf.kernels after its GEMM (Triton kernels on CUDA, plain
 PyTorch elsewhere): embedding_layer_norm (lookups, sum, LayerNorm, dropout), dropout_add_layer_norm
 with the dense bias (the end of each sub-layer), bias_gelu (the feed-forward) and
@@ -23,6 +26,13 @@ from torch import nn
 from bertperf.kernels import (bias_gelu, bias_gelu_layer_norm, dropout_add_layer_norm,
                               embedding_layer_norm, varlen_attention)
 from bertperf.model.bert_config import BertConfig
+
+
+def gemm(x: torch.Tensor, dense: nn.Linear) -> torch.Tensor:
+    """x @ dense.weight^T without the bias (which the next fused kernel adds): F.linear, or the
+    layer's own FP8 matmul where bertperf.model.fp8 converted it (FP8)."""
+    fp8 = getattr(dense, "gemm", None)
+    return F.linear(x, dense.weight) if fp8 is None else fp8(x)
 
 
 class BertEmbeddings(nn.Module):
@@ -106,7 +116,7 @@ class BertSelfOutput(nn.Module):
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         p = self.dropout_prob if self.training else 0.0
-        return dropout_add_layer_norm(F.linear(h, self.dense.weight), residual,
+        return dropout_add_layer_norm(gemm(h, self.dense), residual,
                                       self.LayerNorm.weight, self.LayerNorm.bias, p,
                                       self.LayerNorm.eps, dense_bias=self.dense.bias)
 
@@ -129,7 +139,7 @@ class BertIntermediate(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bias_gelu(F.linear(x, self.dense.weight), self.dense.bias)
+        return bias_gelu(gemm(x, self.dense), self.dense.bias)
 
 
 class BertLayer(nn.Module):

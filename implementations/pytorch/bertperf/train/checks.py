@@ -8,6 +8,7 @@ does badly here."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from bertperf.errors import UserError
 from bertperf.formats import detect
 from bertperf.kernels import backend
 from bertperf.mlperf.rcp import check_global_batch
+from bertperf.model import fp8
 from bertperf.model.bert_config import BertConfig
 from bertperf.train import layout, parallel
 
@@ -63,7 +65,8 @@ def check_run(cfg: RunConfig) -> BertConfig:
 
 def check_device(cfg: RunConfig) -> None:
     """DEVICE=cuda, USE_CUDA_GRAPH=1 and FUSED_KERNELS=1 need a CUDA device this process can
-    use (and the last, Triton)."""
+    use (and the last, Triton); FP8=1 one of sm_89 or newer (check_fp8)."""
+    check_fp8(cfg)
     wants = "DEVICE=cuda" if cfg.train.device == "cuda" else \
         "USE_CUDA_GRAPH=1" if cfg.train.use_cuda_graph else \
         "FUSED_KERNELS=1" if cfg.train.fused_kernels else None
@@ -82,6 +85,23 @@ def check_device(cfg: RunConfig) -> None:
     if cfg.dist.local_rank >= torch.cuda.device_count():
         raise UserError(f"{wants}: local rank {cfg.dist.local_rank} has no GPU of its own (this "
                         f"node has {torch.cuda.device_count()}; DGXNGPU ranks per node at most)")
+
+
+def check_fp8(cfg: RunConfig) -> None:
+    """FP8=1 or emulate needs torchao; FP8=1 a CUDA GPU with FP8 tensor cores (sm_89+)."""
+    if cfg.train.fp8 == "0":
+        return
+    if importlib.util.find_spec("torchao") is None:
+        raise UserError(f"FP8={cfg.train.fp8} trains with torchao's float8 training, which is not "
+                        "installed here (pip install torchao==0.18.0, or make setup)")
+    if cfg.train.fp8 == "1":
+        cuda = torch.cuda.is_available() and not on_cpu(cfg)
+        if cuda and cfg.dist.local_rank >= torch.cuda.device_count():
+            return  # check_device says it
+        why = fp8.supported(torch.device("cuda", cfg.dist.local_rank) if cuda
+                            else torch.device("cpu"))
+        if why is not None:
+            raise UserError(why)
 
 
 def on_cpu(cfg: RunConfig) -> bool:

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bertperf.config import RunConfig
 from bertperf.errors import UserError
 from bertperf.model import BertForPreTraining, compiled_forward_loss
+from bertperf.model import fp8
 from bertperf.optim import (DynamicLossScaler, make_optimizer, param_groups, resolve_warmup,
                             use_flat_lamb)
 from bertperf.optim.bucket_clip import clip_buckets_before_allreduce
@@ -116,6 +117,9 @@ REFUSED: tuple[tuple[Callable[[RunConfig, bool], bool], str], ...] = (
      "(use none or inductor)"),
     (lambda cfg, fixed: cfg.train.use_cuda_graph and cfg.train.device == "cpu",
      "USE_CUDA_GRAPH=1 needs a CUDA device, not DEVICE=cpu"),
+    (lambda cfg, fixed: cfg.train.fp8 != "0" and cfg.train.precision != "bf16",
+     "FP8={cfg.train.fp8} runs the encoder's GEMMs in FP8 around bf16 activations: it needs "
+     "PRECISION=bf16, not {cfg.train.precision}"),
     (lambda cfg, fixed: cfg.train.use_cuda_graph and cfg.train.gradient_steps > 1
      and not cfg.optim.sharded_lamb
      and (cfg.optim.flat_lamb is False
@@ -206,11 +210,15 @@ class Plan:
 
 def parallelize(core: BertForPreTraining, cfg: RunConfig, dist: Dist, device: torch.device,
                 scaler: DynamicLossScaler | None, traffic: Traffic | None = None) -> Plan:
-    """The plan around `core`, applied in this order: (1) the optimizer over its parameters
-    (FlatLamb makes them views of one flat buffer, so it goes before anything holds them);
-    (2) the reduction: DDP and its communication hook, or nothing; (3) the micro-step compiled
-    (COMPILE; fullgraph unless DDP splits the graph at its buckets); (4) CUDA graphs
-    (USE_CUDA_GRAPH). `traffic`: the counter to go on with (a LAYERWISE stage's new plan)."""
+    """The plan around `core`, applied in this order: (0) FP8: the encoder's linear layers
+    become torchao's Float8Linear in place, holding the same parameters (bertperf.model.fp8);
+    (1) the optimizer over its parameters (FlatLamb makes them views of one flat buffer, so it
+    goes before anything holds them); (2) the reduction: DDP and its communication hook, or
+    nothing; (3) the micro-step compiled (COMPILE; fullgraph unless DDP splits the graph at its
+    buckets); (4) CUDA graphs (USE_CUDA_GRAPH). `traffic`: the counter to go on with (a
+    LAYERWISE stage's new plan)."""
+    if cfg.train.fp8 != "0":  # (0) FP8: before anything holds the layers or their parameters
+        fp8.convert(core.bert.encoder, emulate=cfg.train.fp8 == "emulate")
     reduction = reduction_for(cfg, dist.world_size)
     traffic = traffic if traffic is not None else Traffic()
     o = cfg.optim
