@@ -506,14 +506,18 @@ def test_every_bertperf_row_runs_the_trainers_step(tmp_path, monkeypatch):
     from bertperf.train.dist import Dist
 
     assert [(c.train.precision, c.data.layout, c.train.fused_kernels, c.train.compile,
-             c.train.use_cuda_graph) for c in (train.run_config(s, "cpu") for s in (
+             c.train.use_cuda_graph, c.train.fp8) for c in (train.run_config(s, "cpu") for s in (
                  ("varlen",), ("varlen", "bf16"), ("varlen", "bf16", "packed"),
                  ("varlen", "bf16", "packed", "fused kernels"),
                  ("varlen", "bf16", "packed", "fused kernels", "compile"),
-                 ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs")))] == [
-        ("fp32", "varlen", False, "none", False), ("bf16", "varlen", False, "none", False),
-        ("bf16", "packed", False, "none", False), ("bf16", "packed", True, "none", False),
-        ("bf16", "packed", True, "inductor", False), ("bf16", "packed", True, "inductor", True)]
+                 ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs"),
+                 train.SWITCHES))] == [
+        ("fp32", "varlen", False, "none", False, "0"),
+        ("bf16", "varlen", False, "none", False, "0"),
+        ("bf16", "packed", False, "none", False, "0"), ("bf16", "packed", True, "none", False, "0"),
+        ("bf16", "packed", True, "inductor", False, "0"),
+        ("bf16", "packed", True, "inductor", True, "0"),
+        ("bf16", "packed", True, "inductor", True, "1")]
     bench = small_bench(tmp_path, packed=True)
     built = spy(monkeypatch, loop, "build_step")
     stepped = []
@@ -563,6 +567,13 @@ def test_rows_the_trainer_refuses_say_why_in_its_words(tmp_path):
     with pytest.raises(UserError) as refused:
         checks.check_device(train.run_config(("varlen", "fused kernels"), "cpu"))
     assert reason("bertperf: + fused kernels") == str(refused.value)
+    with pytest.raises(UserError) as refused:
+        parallel.check(train.run_config(("varlen", "FP8"), "cpu"), False)
+    assert reason("bertperf: + FP8") == str(refused.value)  # fp32 rows: PRECISION=bf16 first
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError) as refused:
+            checks.check_device(train.run_config(("varlen", "bf16", "FP8"), "cpu"))
+        assert "sm_89 or newer" in str(refused.value)
 
 
 def lambs_of(line: str) -> dict[str, list[str]]:
@@ -606,12 +617,12 @@ def test_bench_train_prints_both_tables(tmp_path, cpu_emulates_bf16):
     lines = run.stdout.splitlines()
     rows = [line for line in lines if line.startswith("| ") and " | " in line]
     header = rows.index(next(r for r in rows if r.startswith("| row |")))
-    table = rows[header + 1:header + 7 + both * 2]
+    table = rows[header + 1:header + 8 + both * 2]
     assert [r.split(" | ")[0] for r in table] == \
         ["| HF BertForPreTraining (SDPA, padded)"] * (1 + both) + ["| bertperf: varlen"] + \
         ["| bertperf: + bf16"] * both + [
         "| bertperf: + packed", "| bertperf: + fused kernels", "| bertperf: + compile",
-        "| bertperf: + CUDA graphs"]
+        "| bertperf: + CUDA graphs", "| bertperf: + FP8"]
     losses = []
     for r in table:
         cells = [c.strip() for c in r.strip("|").split("|")]
@@ -623,6 +634,10 @@ def test_bench_train_prints_both_tables(tmp_path, cpu_emulates_bf16):
     assert len(losses) >= 3 + both and max(losses) - min(losses) < 0.1 * min(losses)
     assert f"| bertperf: + CUDA graphs | {'bf16' if both else 'fp32'} | not available " \
         "(USE_CUDA_GRAPH=1 needs a CUDA device, not DEVICE=cpu)" in run.stdout
+    # FP8: refused in the trainer's own words (fp32: PRECISION; bf16: no FP8 GPU here)
+    assert f"| bertperf: + FP8 | {'bf16' if both else 'fp32'} | not available (FP8=1 " + \
+        ("runs the encoder's GEMMs on FP8 tensor cores" if both else
+         "runs the encoder's GEMMs in FP8 around bf16 activations") in run.stdout
     assert any(line.startswith("every row trained on the same 4 sequences") for line in lines)
     # on this CPU every row steps Lamb (FlatLamb where the kernels take Triton: CUDA)
     assert "LAMB: Lamb (per tensor, foreach ops) in HF BertForPreTraining (SDPA, padded), " \
@@ -633,5 +648,6 @@ def test_bench_train_prints_both_tables(tmp_path, cpu_emulates_bf16):
     assert len(model_rows) >= 2 * 4 and all(len(r.strip("|").split("|")) == 8 for r in model_rows)
     assert any("encoder GEMMs in FP8" in r for r in model_rows if r.startswith("| H100"))
     assert not any("FP8" in r for r in model_rows if r.startswith("| A100"))
-    assert any(line.startswith("calibration check, A100") for line in lines[model:])
+    assert any(line.startswith("calibration checked on the A100 by `python -m bertperf bench "
+                               "scale`") for line in lines[model:])
     assert report.read_text().count("step-time MODEL") == 1

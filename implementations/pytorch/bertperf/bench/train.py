@@ -16,7 +16,8 @@ lengths packed in order, no files): warm-up steps, then timed steps. Rows:
                   as the trainer's settings: varlen (LAYOUT=varlen, FUSED_KERNELS=0), then
                   + bf16 (PRECISION), + packed (LAYOUT=packed), + fused kernels
                   (FUSED_KERNELS=1: bertperf.kernels' Triton kernels, and FlatLamb with them),
-                  + compile (COMPILE=inductor), + CUDA graphs (USE_CUDA_GRAPH=1), each row
+                  + compile (COMPILE=inductor), + CUDA graphs (USE_CUDA_GRAPH=1), + FP8
+                  (FP8=1: the encoder's GEMMs in FP8, bf16 and sm_89+ only), each row
                   adding one switch to the one before. A switch the trainer refuses here
                   (train.parallel.check, train.checks.check_device: its own words), or the
                   data or the GPU does not allow, is shown as "not available (why)" and left
@@ -66,7 +67,7 @@ from bertperf.errors import UserError
 from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 
-SWITCHES = ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs")
+SWITCHES = ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs", "FP8")
 LR, MAX_STEPS = 4.25e-4, 6700
 """LAMB's learning rate and the schedule's length, the single-node recipe's
 (config_DGXA100_1x8x56x1.sh): over a bench's few steps the trainer's linear decay keeps the LR
@@ -190,7 +191,7 @@ def digest(sequences) -> str:
 
 def run_config(switches: tuple[str, ...], device: str) -> RunConfig:
     """The trainer's configuration of a bertperf row: its switches as the settings they are
-    (PRECISION, LAYOUT, FUSED_KERNELS, COMPILE, USE_CUDA_GRAPH; FUSED_KERNELS=0 without the
+    (PRECISION, LAYOUT, FUSED_KERNELS, COMPILE, USE_CUDA_GRAPH, FP8; FUSED_KERNELS=0 without the
     fused-kernels switch), the bench's LAMB (LR, MAX_STEPS, MAX_GRAD_NORM; the rest the
     trainer's defaults), DEVICE `device`."""
     cfg = RunConfig()
@@ -200,7 +201,8 @@ def run_config(switches: tuple[str, ...], device: str) -> RunConfig:
         train=replace(cfg.train, precision="bf16" if "bf16" in switches else "fp32",
                       device=device, fused_kernels="fused kernels" in switches,
                       compile="inductor" if "compile" in switches else "none",
-                      use_cuda_graph="CUDA graphs" in switches))
+                      use_cuda_graph="CUDA graphs" in switches,
+                      fp8="1" if "FP8" in switches else "0"))
 
 
 def mapped(f: Callable, tensors: dict) -> dict:
