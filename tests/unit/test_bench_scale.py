@@ -157,7 +157,11 @@ def test_cli_prints_the_table(given_compute, capsys):
     published time with its logs and the ratio of the two; then the all-reduce by topology and
     algorithm at every GPU count of the rows."""
     assert main(["bench", "scale", "--step-ms", "56=150", "--optimizer-ms", "12"]) == 0
-    runs, allreduce = tables(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    runs, allreduce = tables(out)
+    # the calibration check's runs, predicted a GPU against their published rate, in one line
+    (check,) = [line for line in out.splitlines() if line.startswith("calibration check")]
+    assert all(f"{label}: predicted " in check for label in scale.CALIBRATION)
     by_config = {row["config"]: row for row in runs}
     configs = sorted(ROOT.glob("config_DGXA100_*x*.sh"))
     assert {path.name for path in configs} <= set(by_config)
