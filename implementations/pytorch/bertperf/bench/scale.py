@@ -664,8 +664,8 @@ def run(args: argparse.Namespace) -> int:
               f"{p.exposed.network * 1e3:.1f}) / {p.comm.total * 1e3:.1f} | "
               f"{p.step_seconds * 1e3:.1f} | {p.evals:.1f} x {p.eval_seconds * 1e3:.0f} ms | "
               f"{_duration(p.seconds_to_train)} | {published} | {ratio} | {p.dominant} |")
-    checked = [p for p in predictions
-               if p.run.published is not None and p.run.published.label in CALIBRATION]
+    checked = [p for p in predictions  # the published runs' rows, not the configs'
+               if p.run.samples_source == "its logs" and p.run.published.label in CALIBRATION]
     if checked:
         print(f"calibration check, with this run's flags: {describe_calibration(checked)}")
     print(f"\nall-reduce of the {len(buckets)} buckets, ms a step (none hidden), by topology and "
