@@ -42,8 +42,8 @@ def linear_class():
             def gemm(self, x: torch.Tensor) -> torch.Tensor:
                 """x @ weight^T in FP8, without the bias (Float8Linear.forward's matmul; under
                 CUDA autocast the input in autocast's dtype as there)."""
-                if torch.is_autocast_enabled():
-                    x = x.to(torch.get_autocast_gpu_dtype())
+                if torch.is_autocast_enabled("cuda"):
+                    x = x.to(torch.get_autocast_dtype("cuda"))
                 return matmul_with_hp_or_float8_args.apply(x, self.weight.t(),
                                                             self.linear_mm_config, self.config)
 
