@@ -136,7 +136,7 @@ def _fraction(quantity: str, gpu: str, peak: float) -> float:
 MATMUL_EFFICIENCY = {A100: _fraction("gemm", A100, PEAKS[A100][0]),
                      H100: _fraction("gemm", H100, PEAKS[H100][0])}
 """Fraction of the fp16/bf16 tensor peak a cuBLAS GEMM reaches, from anchors.csv's gemm rows:
-A100 230 / 312 = 0.74 (fp16 matmul of 8192^2 matrices in PyTorch, the micro-benchmark table of
+A100 230 / 312 = 0.74 (fp16 matmul of square matrices up to 8192 in PyTorch, the table of
 github.com/mli/transformers-benchmarks); H100 790 / 989 = 0.80 (the developers' bf16 GEMM on one
 H100 SXM; a public 4224 x 8192 x 2048 run, Horace He's gist, gives 780). Every GEMM of the step
 is priced at it whatever its shape: BERT-large's (K = 1,024 or 4,096) are smaller than those."""
