@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from tests.support.packed import packed_env, trainer_for  # noqa: F401
+from tests.support.paths import ROOT
 
 pytest.importorskip("torchao")
 
@@ -116,6 +117,7 @@ def test_a_converted_encoder_layer_matches_the_fp32_emulation():
     keys = {k: (v.shape, v.dtype) for k, v in plain.state_dict().items()}
     converted, reference = copy.deepcopy(plain), copy.deepcopy(plain)
     assert fp8.convert(converted, emulate=True) == 4 and fp8.converted(converted) == 4
+    assert fp8.convert(converted, emulate=True) == 0  # a LAYERWISE stage's new plan: no-op
     assert {k: (v.shape, v.dtype) for k, v in converted.state_dict().items()} == keys
     for path in fp8.ENCODER_LINEARS:
         *parents, leaf = path.split(".")
@@ -223,3 +225,11 @@ def test_fp8_run_learns_and_its_checkpoint_loads_without_fp8(packed_env, tmp_pat
     checkpoint.ModelWeights(plain).load_state_dict(saved)
     for name, tensor in trainer.plan.core.state_dict().items():
         torch.testing.assert_close(plain.state_dict()[name], tensor.cpu(), rtol=0, atol=0)
+
+
+def test_the_h100_configs_say_fp8_and_the_a100_ones_do_not():
+    """config_DGXH100_common.sh sets FP8 (off until a GPU run proves it; a variable already set
+    wins); no A100 config mentions it (refused below sm_89)."""
+    assert ': "${FP8:=0}"' in (ROOT / "config_DGXH100_common.sh").read_text()
+    a100 = sorted(ROOT.glob("config_DGXA100_*.sh"))
+    assert a100 and not any("FP8" in path.read_text() for path in a100)
