@@ -233,3 +233,26 @@ def test_the_h100_configs_say_fp8_and_the_a100_ones_do_not():
     assert ': "${FP8:=0}"' in (ROOT / "config_DGXH100_common.sh").read_text()
     a100 = sorted(ROOT.glob("config_DGXA100_*.sh"))
     assert a100 and not any("FP8" in path.read_text() for path in a100)
+
+
+@pytest.mark.slow
+def test_a_layerwise_stage_converts_its_new_layers(packed_env, tmp_path):
+    """FP8=emulate with LAYERWISE=2:40,4 (a 4-layer model): the first stage's plan converts its
+    2 layers, the second stage's new plan the 2 layers it adds (16 linears in FP8 at the end),
+    and the run's losses stay finite."""
+    import json
+
+    from bertperf.model import fp8
+    from bertperf.train import loop
+    config = json.loads(open(packed_env["BERT_CONFIG"]).read())
+    deep = tmp_path / "deep.json"
+    deep.write_text(json.dumps({**config, "num_hidden_layers": 4}))
+    trainer = trainer_for(packed_env, tmp_path, FP8="emulate", PRECISION="bf16",
+                          BERT_CONFIG=str(deep), LAYERWISE="2:40,4", MAX_STEPS="6",
+                          LOG_FREQ="1")
+    assert fp8.converted(trainer.plan.core) == 8
+    lines = []
+    loop.run_loop(trainer, report=lines.append)
+    assert len(trainer.plan.core.bert.encoder.layer) == 4
+    assert fp8.converted(trainer.plan.core) == 16
+    assert all(np.isfinite(float(line.split(" loss ")[1].split()[0])) for line in lines)
