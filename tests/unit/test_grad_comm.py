@@ -201,6 +201,26 @@ def localsgd(rank: int) -> None:
     assert comm.state_dict() == {"iter": 1, "averager_step": STEPS}
 
 
+def powersgd_buckets(rank: int) -> None:
+    """Several DDP buckets: each compresses (two all-reduces issued from callbacks) in the same
+    order on every rank, for the bytes the rule gives."""
+    from bertperf.train.comm import MODES, Traffic
+    torch.manual_seed(0)
+    core = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
+    ddp = DistributedDataParallel(core, bucket_cap_mb=0.3)
+    traffic = Traffic()
+    comm = MODES["powersgd"](SimpleNamespace(optim=SimpleNamespace(powersgd_rank=RANK)), traffic,
+                             START)
+    comm.install(ddp, list(core.parameters()))
+    for step in range(STEPS):
+        before = traffic.world
+        x = torch.randn(8, 256, generator=torch.Generator().manual_seed(step * 10 + rank))
+        ddp(x).square().mean().backward()
+        if step >= START:
+            assert traffic.world - before == expected_compressed_bytes(core)
+    assert len(comm.state.error_dict) >= 3  # buckets
+
+
 def worker(rank: int, store: Path, case: str) -> None:
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
@@ -210,13 +230,15 @@ def worker(rank: int, store: Path, case: str) -> None:
             half_precision(case, rank)
         elif case == "powersgd":
             powersgd(rank)
+        elif case == "powersgd_buckets":
+            powersgd_buckets(rank)
         else:
             localsgd(rank)
     finally:
         tdist.destroy_process_group()
 
 
-@pytest.mark.parametrize("case", ["bf16", "fp16", "powersgd", "localsgd"])
+@pytest.mark.parametrize("case", ["bf16", "fp16", "powersgd", "powersgd_buckets", "localsgd"])
 def test_mode_on_two_ranks(tmp_path, case):
     mp.start_processes(worker, args=(tmp_path / "store", case), nprocs=WORLD,
                        start_method="spawn")

@@ -104,7 +104,11 @@ class PowerSGD(Comm):
     DDP rebuilds its buckets after a new DDP's first step (the order gradients became ready),
     and PowerSGD keys its error and Q by bucket index: so the first step of every new DDP, a
     resumed run's too, is a plain all-reduce here (a fresh run's is anyway: POWERSGD_START >= 2),
-    and a checkpoint's error and Q, saved with the rebuilt buckets, are used from the second."""
+    and a checkpoint's error and Q, saved with the rebuilt buckets, are used from the second.
+    torch's hook issues a bucket's P and Q all-reduces from the callbacks of its earlier ones, on
+    the communication threads: with several buckets their order could differ between ranks
+    (gloo then fails, "Received data size doesn't match expected size"), so each bucket's
+    compression waits for the one before it to finish."""
 
     stateful = True
 
@@ -115,6 +119,7 @@ class PowerSGD(Comm):
             start_powerSGD_iter=max(2, start), use_error_feedback=True, warm_start=True,
             orthogonalization_epsilon=1e-8, random_seed=0)
         self.first_step = True
+        self.pending: torch.futures.Future | None = None
         inner = self._hook
         self.hook = default_hooks.bf16_compress_wrapper(inner) if bf16 else inner
 
@@ -127,9 +132,12 @@ class PowerSGD(Comm):
             state.maybe_increase_iter(bucket)
             self.traffic.world += buffer.numel() * size
             return default_hooks._allreduce_fut(tdist.group.WORLD, buffer)
+        if self.pending is not None:  # the last bucket's collectives first (module docstring)
+            self.pending.wait()
         before = state.total_numel_after_compression
         fut = powerSGD_hook.powerSGD_hook(state, bucket)
         self.traffic.world += (state.total_numel_after_compression - before) * size
+        self.pending = None if bucket.is_last() else fut
         return fut
 
     def state_dict(self) -> dict[str, Any]:
