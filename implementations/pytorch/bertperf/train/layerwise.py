@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -31,10 +31,23 @@ from torch import nn
 from bertperf.config import RunConfig, layerwise_stages
 from bertperf.model import BertForPreTraining
 from bertperf.optim import LinearWarmupPolyDecay, resolve_warmup
-from bertperf.train.parallel import parallelize
+from bertperf.mlperf.log import MLPerfLogger
+from bertperf.train.checkpoint import Checkpointer, Progress
+from bertperf.train.dist import Dist
+from bertperf.train.parallel import Plan, parallelize
 
-if TYPE_CHECKING:
-    from bertperf.train.loop import Trainer
+
+class Trainer(Protocol):
+    """What a stage boundary reads and rebuilds of the run (train.loop.Trainer has it)."""
+
+    dist: Dist
+    device: torch.device
+    plan: Plan
+    scheduler: LinearWarmupPolyDecay
+    scaler: Any
+    log: MLPerfLogger
+    progress: Progress
+    checkpointer: Checkpointer
 
 LAYER = "bert.encoder.layer."
 
