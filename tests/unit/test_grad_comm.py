@@ -279,3 +279,22 @@ def test_one_rank_no_effect_and_fingerprint(tmp_path):
     assert any("GRAD_COMM=powersgd with one rank" in w for w in warnings(cfg))
     assert fingerprint(cfg)["GRAD_COMM"] == "powersgd"
     assert comm_start(cfg) == 10  # unset: the end of the warm-up
+
+
+def test_bench_comm_needs_root_in_one_line(monkeypatch):
+    import argparse
+
+    from bertperf.bench import comm as bench_comm
+    monkeypatch.setattr(bench_comm.os, "geteuid", lambda: 1000)
+    parser = argparse.ArgumentParser()
+    bench_comm.add_arguments(parser)
+    with pytest.raises(UserError, match="bench comm makes network namespaces") as exc:
+        bench_comm.run(parser.parse_args([]))
+    assert "\n" not in str(exc.value)
+
+
+def test_bench_comm_rate_scaling():
+    """The demo's gradient over the bench's link takes BERT-large's time over 10 Gb/s."""
+    from bertperf.bench.comm import LARGE_SECONDS, demo_gradient_bytes
+    assert LARGE_SECONDS == pytest.approx(1.072, abs=1e-3)
+    assert demo_gradient_bytes() == 17_736_968  # 4,434,242 parameters x 4
