@@ -234,6 +234,7 @@ def worker(rank: int, store: Path, case: str) -> None:
             powersgd_buckets(rank)
         else:
             localsgd(rank)
+        tdist.barrier()  # every collective of both ranks done before either tears its group down
     finally:
         tdist.destroy_process_group()
 
