@@ -297,7 +297,7 @@ def test_a_full_checkpoint_folder_stops_the_run_and_keeps_the_last(data, tmp_pat
                                          f"no space left on device (in {ck}); nothing under that "
                                          "name changed")
     for path in kept:
-        assert torch.load(path, weights_only=True)["step"] == int(path.name[5:13])
+        assert torch.load(path, weights_only=True)["progress"]["step"] == int(path.name[5:13])
 
 
 def test_a_damaged_checkpoint_is_said_once_by_two_ranks(data, tmp_path):
