@@ -57,3 +57,34 @@ def trainer_for(env: dict, tmp_path: Path, **extra: str):
     trainer = setup(prepare(cfg), MLPerfLogger(cfg.log_path, echo=False))
     assert trainer.cfg.data.layout == "packed"
     return trainer
+
+
+class HostReads:
+    """Counts the host reads of the training loop outside its reports: Interval.read (the one
+    place the loop waits for the device) marks a report, and every call of the Tensor methods
+    `names` outside one is recorded in `syncs`; the reports' values go to `reports`."""
+
+    def __init__(self, monkeypatch, names: tuple[str, ...]) -> None:
+        import torch
+
+        from bertperf.train import loop
+        self.reporting, self.syncs, self.reports = False, [], []
+        real_read = loop.Interval.read
+
+        def read(interval, *args):
+            self.reporting = True
+            try:
+                self.reports.append(real_read(interval, *args))
+                return self.reports[-1]
+            finally:
+                self.reporting = False
+
+        monkeypatch.setattr(loop.Interval, "read", read)
+        for name in names:
+            real = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _real=real, _name=name, **kwargs):
+                if not self.reporting:
+                    self.syncs.append(_name)
+                return _real(tensor, *args, **kwargs)
+            monkeypatch.setattr(torch.Tensor, name, counted)

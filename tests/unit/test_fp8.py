@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.support.packed import packed_env, trainer_for  # noqa: F401
+from tests.support.packed import HostReads, packed_env, trainer_for  # noqa: F401
 from tests.support.paths import ROOT
 
 pytest.importorskip("torchao")
@@ -170,26 +170,8 @@ def test_fp8_packed_step_compiles_to_one_graph_without_host_syncs(packed_env, tm
     trainer = trainer_for(packed_env, tmp_path, FP8="emulate", PRECISION="bf16",
                           COMPILE=backend, MAX_STEPS="6", LOG_FREQ="3")
     assert fp8.converted(trainer.plan.core) == 8
-    reporting, syncs, reports = [False], [], []
-    real_read = loop.Interval.read
-
-    def read(self, *args):
-        reporting[0] = True
-        try:
-            reports.append(real_read(self, *args))
-            return reports[-1]
-        finally:
-            reporting[0] = False
-
-    monkeypatch.setattr(loop.Interval, "read", read)
-    for name in SYNCS:
-        real = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _real=real, _name=name, **kwargs):
-            if not reporting[0]:
-                syncs.append(_name)
-            return _real(self, *args, **kwargs)
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    reads = HostReads(monkeypatch, SYNCS)
+    syncs, reports = reads.syncs, reads.reports
     with torch._dynamo.config.patch(error_on_recompile=True):
         stop = loop.run_loop(trainer, report=lambda line: None)
     assert (stop.status, len(reports)) == ("aborted", 2)

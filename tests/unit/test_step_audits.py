@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from tests.support.packed import packed_env, tiny_config, trainer_for  # noqa: F401
+from tests.support.packed import HostReads, packed_env, tiny_config, trainer_for  # noqa: F401
 
 SYNCS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
 
@@ -53,26 +53,8 @@ def test_no_host_sync_inside_training_steps(packed_env, tmp_path, monkeypatch, f
     trainer = trainer_for(packed_env, tmp_path, LOG_FREQ="4", MAX_STEPS="12",
                           FLAT_LAMB=flat_lamb)
     assert isinstance(trainer.plan.optimizer, FlatLamb) == (flat_lamb == "1")
-    reporting, reports, syncs, ops = [False], [], [], []
-    real_read = loop.Interval.read
-
-    def read(self, *args):
-        reporting[0] = True
-        try:
-            reports.append(real_read(self, *args))
-            return reports[-1]
-        finally:
-            reporting[0] = False
-
-    monkeypatch.setattr(loop.Interval, "read", read)
-    for name in SYNCS:
-        real = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _real=real, _name=name, **kwargs):
-            if not reporting[0]:
-                syncs.append(_name)
-            return _real(self, *args, **kwargs)
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    reads, ops = HostReads(monkeypatch, SYNCS), []
+    reports, syncs = reads.reports, reads.syncs
     real_nonzero = torch.nonzero
     monkeypatch.setattr(torch, "nonzero", lambda *a, **k: syncs.append("torch.nonzero")
                         or real_nonzero(*a, **k))
@@ -80,7 +62,7 @@ def test_no_host_sync_inside_training_steps(packed_env, tmp_path, monkeypatch, f
     class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if not reporting[0] and data_dependent(func, args, kwargs):
+            if not reads.reporting and data_dependent(func, args, kwargs):
                 ops.append(str(func))
             return func(*args, **kwargs)
 
