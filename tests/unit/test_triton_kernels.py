@@ -1,8 +1,8 @@
 """The Triton kernels of bertperf.kernels on CPU: numerics under Triton's interpreter (forward
 and backward against the references, dropout with the very keep mask the kernels draw), the
 ops under torch.compile with no graph break, and ahead-of-time compilation of every kernel to
-cubin for sm_80 and sm_90 at BERT-large shapes within the shared memory of A100/H100 and without
-register spills.
+cubin for sm_80 and sm_90 at BERT-large shapes within the shared memory of A100/H100, without
+register spills, and with every grid sized to the SMs resident in one wave.
 
 The interpreter computes bf16 arithmetic wrongly (the kernels convert to fp32 after loading) and
 truncates fp32 -> bf16 on store instead of rounding, so numerics are compared in fp32, and bf16
@@ -39,7 +39,7 @@ from bertperf.kernels.lamb import lamb_step_triton  # noqa: E402
 from bertperf.kernels.layer_norm import layer_norm_triton  # noqa: E402
 from bertperf.kernels.triton import (bias_gelu as tk_bias_gelu,  # noqa: E402
                                      cross_entropy as tk_cross_entropy, embedding as tk_embedding,
-                                     lamb as tk_lamb, layer_norm as tk_layer_norm)
+                                     common, lamb as tk_lamb, layer_norm as tk_layer_norm)
 from bertperf.model import BertConfig, BertForPreTraining  # noqa: E402
 from bertperf.optim import Lamb  # noqa: E402
 from tests.support.lamb import flat_setup  # noqa: E402
@@ -375,3 +375,34 @@ def test_aot_no_register_spills(aot_report):
         pytest.skip("this Triton bundles no cuobjdump: registers and spills unknown")
     spills = [r for r in aot_report if r["stack"] != 0]
     assert not spills, spills
+
+
+def test_aot_grids_sized_to_the_sms_fit_in_one_wave(aot_report):
+    """A kernel whose launcher runs per_sm programs per SM (the backward passes' row loops with
+    partial sums) must have them all resident at once, on sm_80 and sm_90."""
+    if any(r["registers"] is None for r in aot_report):
+        pytest.skip("this Triton bundles no cuobjdump: registers unknown")
+    sized = [r for r in aot_report if r["per_sm"] is not None]
+    assert {r["name"] for r in sized} >= {"embedding_layer_norm_bwd", "bias_gelu_bwd N=4096",
+                                         "dropout_add_layer_norm_bwd"}
+    crowded = [r for r in sized if r["per_sm"] > r["resident"]]
+    assert not crowded, crowded
+
+
+def test_resident_programs_counts_as_the_occupancy_calculator():
+    # 100 registers x 8 warps: 3,328 registers a warp, 4 warps per 16,384-register quarter
+    assert aot.resident_programs(100, 8, 4096, 90) == 2
+    assert aot.resident_programs(64, 8, 0, 80) == 4
+    assert aot.resident_programs(80, 8, 8192, 80) == 3
+    assert aot.resident_programs(32, 4, 0, 90) == 16          # warps: 64 / 4
+    assert aot.resident_programs(16, 1, 0, 90) == 32          # the block limit
+    assert aot.resident_programs(32, 4, 100 * 1024, 80) == 1  # shared memory
+
+
+def test_row_programs_launch_per_sm_programs_an_sm(monkeypatch):
+    monkeypatch.setattr(common, "_sm_count", lambda index: 132)
+    cuda = torch.device("cuda", 0)
+    assert common.row_programs(cuda, 10**6, 4) == 528
+    assert common.row_programs(cuda, 10**6, 3, columns=8) * 8 <= 3 * 132
+    assert common.row_programs(cuda, 100, 4) == 100
+    assert common.row_programs(torch.device("cpu"), 10**6, 3) == 3

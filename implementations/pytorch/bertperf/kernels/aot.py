@@ -1,6 +1,7 @@
 """Ahead-of-time compilation of the Triton kernels to cubin for A100 (sm_80) and H100 (sm_90)
 without a GPU, and what each compiled kernel needs: shared memory per block, registers and
-stack (local memory: spills) per thread, read with the cuobjdump that Triton bundles.
+stack (local memory: spills) per thread, read with the cuobjdump that Triton bundles, and how
+many programs of it stay resident on one SM at once.
 
 The cases below list every kernel's launches at BERT-large shapes, built with the block sizes
 and warp counts of its launcher in bertperf.kernels.triton. The kernels must have been defined
@@ -26,6 +27,13 @@ from bertperf.kernels.triton.common import row_config
 CAPABILITIES = (80, 90)
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 """Largest dynamic shared memory per block, bytes: A100 163 KB, H100 227 KB."""
+SHARED_PER_SM = {80: 164 * 1024, 90: 228 * 1024}
+"""Shared memory per SM, bytes, of which each resident block also takes 1 KB for the system."""
+REGISTERS_PER_SM = 65536
+"""32-bit registers per SM, in four sub-partitions, each warp's registers allocated in units of
+256 within one (sm_80, sm_90; CUDA C++ Programming Guide, compute capabilities table)."""
+WARPS_PER_SM, BLOCKS_PER_SM = 64, 32
+"""Resident warps (2,048 threads) and blocks per SM, sm_80 and sm_90."""
 
 
 @dataclass
@@ -42,6 +50,11 @@ class Case:
     divisible: tuple[str, ...] = ()
     num_warps: int = 4
     num_stages: int = 3
+    maxnreg: int | None = None
+    """The launcher's register cap a thread, if it sets one."""
+    per_sm: int | None = None
+    """For a kernel whose launcher sizes its grid to the SMs (common.row_programs): the programs
+    it launches per SM, all of which must be resident at once."""
 
 
 def compile_case(case: Case, capability: int) -> Any:
@@ -63,8 +76,20 @@ def compile_case(case: Case, capability: int) -> Any:
             signature[name] = "constexpr"
             constexprs[name] = value
     source = ASTSource(case.kernel, signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": case.num_warps, "num_stages": case.num_stages})
+    options = {"num_warps": case.num_warps, "num_stages": case.num_stages}
+    if case.maxnreg is not None:
+        options["maxnreg"] = case.maxnreg
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+
+
+def resident_programs(registers: int, num_warps: int, shared: int, capability: int) -> int:
+    """Programs (blocks) of a kernel resident on one SM at once, limited by registers, warps,
+    shared memory and the block limit, as CUDA's occupancy calculator counts them."""
+    per_warp = -(-registers * 32 // 256) * 256
+    warps_by_registers = 4 * ((REGISTERS_PER_SM // 4) // per_warp)
+    by_shared = SHARED_PER_SM[capability] // (shared + 1024)
+    return min(warps_by_registers // num_warps, WARPS_PER_SM // num_warps, by_shared,
+               BLOCKS_PER_SM)
 
 
 def cuobjdump() -> str | None:
@@ -106,7 +131,7 @@ def bias_gelu_cases() -> list[Case]:
             Case(f"bias_gelu_bwd N={n}", bias_gelu.bias_gelu_bwd,
                  dict(DY="*bf16", X="*bf16", BIAS="*fp32", DX="*bf16", DBIAS_PARTIAL="*fp32",
                       rows="i32", N="i32", **blocks), divisible=("N",),
-                 num_warps=bias_gelu.NUM_WARPS),
+                 num_warps=bias_gelu.NUM_WARPS, per_sm=bias_gelu.BACKWARD_PER_SM),
         ]
     return cases
 
@@ -133,7 +158,8 @@ def layer_norm_cases() -> list[Case]:
                  dict(DOUT="*bf16", X="*bf16", BIAS="*fp32", RES=res, W="*fp32", SEED=seed,
                       DX="*bf16", DRES=res, PARTIAL="*fp32", rows="i32", N="i32", p="fp32",
                       eps="fp32", **block, **sw),
-                 divisible=("N",), num_warps=bwd["num_warps"]),
+                 divisible=("N",), num_warps=bwd["num_warps"],
+                 per_sm=layer_norm.BACKWARD_PER_SM),
         ]
     cases.append(Case("dropout_keep_mask", layer_norm.keep_mask_kernel,
                       dict(SEED="*i64", KEEP="*i8", N="i32", p="fp32", **block),
@@ -156,7 +182,8 @@ def embedding_cases() -> list[Case]:
              dict(DOUT="*bf16", **ids, SEED="*i64", DWORD="*fp32", DPOSITION="*fp32",
                   PARTIAL="*fp32", TYPE_PARTIAL="*fp32", rows="i32", N="i32", p="fp32",
                   eps="fp32", **block, TYPES=2, DROPOUT=True), divisible=("N",),
-             num_warps=bwd["num_warps"]),
+             num_warps=bwd["num_warps"], maxnreg=embedding.BACKWARD_MAX_REGISTERS,
+             per_sm=embedding.BACKWARD_PER_SM),
     ]
 
 
@@ -202,13 +229,17 @@ def all_cases() -> list[Case]:
 
 
 def report(case: Case, capability: int) -> dict[str, Any]:
-    """What one compiled kernel needs, as a JSON-ready dict (registers and stack None when
-    there is no cuobjdump)."""
+    """What one compiled kernel needs, as a JSON-ready dict (registers, stack and resident
+    programs None when there is no cuobjdump; per_sm None for a grid not sized to the SMs)."""
     kernel = compile_case(case, capability)
     usage = resource_usage(kernel.asm["cubin"]) if cuobjdump() else {}
-    return {"name": case.name, "capability": capability, "shared": kernel.metadata.shared,
+    shared = kernel.metadata.shared
+    resident = (resident_programs(usage["reg"], case.num_warps, shared, capability)
+                if "reg" in usage else None)
+    return {"name": case.name, "capability": capability, "shared": shared,
             "shared_limit": SHARED_LIMIT[capability], "registers": usage.get("reg"),
-            "stack": usage.get("stack"), "num_warps": case.num_warps}
+            "stack": usage.get("stack"), "num_warps": case.num_warps, "resident": resident,
+            "per_sm": case.per_sm}
 
 
 def main() -> None:

@@ -57,12 +57,14 @@ def row_config(n: int, backward: bool) -> dict:
     return dict(BLOCK_N=block, num_warps=min(max(block // (32 * per_thread), 1), 16))
 
 
-def row_programs(device: torch.device, rows: int) -> int:
-    """How many programs a kernel that loops over rows and accumulates per-program partial sums
-    (the backward passes' weight and bias gradients) runs: 4 per SM on CUDA."""
-    if device.type == "cuda":
-        return max(1, min(rows, 4 * _sm_count(device.index)))
-    return max(1, min(rows, 4))
+def row_programs(device: torch.device, rows: int, per_sm: int, columns: int = 1) -> int:
+    """How many row groups a kernel that loops over rows and accumulates per-program partial
+    sums (the backward passes' weight and bias gradients) runs, for a grid of row groups x
+    `columns`: per_sm programs per SM in all on CUDA, as many as stay resident at once (the
+    ahead-of-time compile test checks each kernel's per_sm against its registers), so the
+    grid is one wave; per_sm on the CPU."""
+    sms = _sm_count(device.index) if device.type == "cuda" else 1
+    return max(1, min(rows, per_sm * sms // columns))
 
 
 @functools.cache

@@ -15,6 +15,9 @@ from bertperf.kernels.triton.common import (check_int32, gelu, gelu_grad, keep_m
                                             layer_norm_grad, layer_norm_stats, row_config,
                                             row_programs)
 
+BACKWARD_PER_SM = 4
+"""sublayer_layer_norm_bwd's programs per SM: 64 registers x 256 threads leave room for 4."""
+
 
 @triton.jit
 def _sublayer_input(X, BIAS, RES, SEED, offs, cols, cmask, p, HAS_BIAS: tl.constexpr,
@@ -126,7 +129,7 @@ def backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
     rows = x.numel() // n
     dx = torch.empty_like(x)
     dres = torch.empty_like(residual) if residual is not None else x.new_empty(0)
-    groups = row_programs(x.device, rows)
+    groups = row_programs(x.device, rows, BACKWARD_PER_SM)
     partial = torch.empty(3, groups, n, device=x.device, dtype=torch.float32)
     sublayer_layer_norm_bwd[(groups,)](grad, x, bias, residual, weight, seed, dx,
                                        dres if residual is not None else None, partial, rows, n,
