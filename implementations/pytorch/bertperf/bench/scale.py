@@ -181,14 +181,15 @@ def parameters():
     return params, sum(p.numel() for p in model.bert.embeddings.parameters())
 
 
-def gradient_buckets(dtype=None) -> list[int]:
+def gradient_buckets(dtype=None, params=None) -> list[int]:
     """Bytes of each of DDP's gradient buckets in the order they are all-reduced (gradient-ready
     order: the parameters' reverse), by torch's own bucket assignment with DDP's limits; each
-    gradient in `dtype` (default: its parameter's)."""
+    gradient in `dtype` (default: its parameter's). `params`: the trained parameters in
+    definition order (meta tensors; default: all of BERT-large's)."""
     import torch.distributed as dist
     from torch.nn.parallel.distributed import _DEFAULT_BUCKET_CAP_MB
 
-    params, _ = parameters()
+    params = parameters()[0] if params is None else params
     grads = [p if dtype is None else p.to(dtype) for p in reversed(params)]
     indices, _ = dist._compute_bucket_assignment_by_size(
         grads, [dist._DEFAULT_FIRST_BUCKET_BYTES, _DEFAULT_BUCKET_CAP_MB * 2 ** 20],
@@ -212,12 +213,20 @@ class Compute:
 def modelled(batch: int, packed: bool) -> Compute:
     """roofline's price on the A100 of the trainer's traced step at this micro-batch (bench
     train's model: bf16, Triton kernels, FlatLamb)."""
-    from bertperf.bench import roofline, train
+    from bertperf.bench import train
     from bertperf.model import BertConfig
 
     config = BertConfig.large()
     layout = "packed" if packed else "varlen"
     trace, segments, _ = train.trace_step(config, train.model_steps(batch)[layout], layout, True)
+    return priced(trace, segments, config, f"{layout} model")
+
+
+def priced(trace, segments, config, source: str) -> Compute:
+    """roofline's price on the A100 of a traced step (train.trace_step's trace and segments, of a
+    model of `config`), its attention as FlashAttention."""
+    from bertperf.bench import roofline
+
     ops = roofline.flash_attention(trace.ops, segments, config.hidden_size,
                                    config.num_attention_heads)
     gpu = next(g for g in roofline.GPUS if g.name == GPU)
@@ -226,8 +235,7 @@ def modelled(batch: int, packed: bool) -> Compute:
         return roofline.step_cost([op for op in ops if op.phase in phases], gpu).seconds
 
     return Compute(seconds("forward", "backward", "accumulate"),
-                   seconds("backward", "accumulate"), seconds("optimizer"),
-                   f"{layout} model")
+                   seconds("backward", "accumulate"), seconds("optimizer"), source)
 
 
 # ---- runs ----------------------------------------------------------------------------------------
