@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bertperf.config import GRAD_COMMS as MODES
 from bertperf.errors import UserError
 
 BERT_LARGE_PARAMS = 335_000_000
 ETHERNET_BITS = 10e9
 LARGE_SECONDS = BERT_LARGE_PARAMS * 4 * 8 / ETHERNET_BITS
 """1.072 s: BERT-large's fp32 gradient over 10 Gb/s."""
-MODES = ("allreduce", "bf16", "powersgd", "powersgd_bf16", "localsgd")
 
 ALLREDUCE_SCRIPT = """
 import os, sys, time, torch, torch.distributed as d
