@@ -1,7 +1,8 @@
-"""`python -m bertperf bench scale`: a performance model of the trainer on DGX A100 clusters (a
-model, not a measurement). From a single-GPU step time and the real gradient messages it predicts
-the step time and the time to train of each config_DGXA100_*.sh, names the term that dominates
-the step, and puts the published MLPerf times beside them.
+"""`python -m bertperf bench scale`: a performance model of the trainer on DGX A100 clusters, and
+with --cluster commodity on commodity ones (a model, not a measurement). From a single-GPU step
+time and the real gradient messages it predicts the step time and the time to train of each
+config_DGXA100_*.sh, names the term that dominates the step, and puts the published MLPerf times
+beside them.
 
 A step on every GPU, with b sequences (LAYOUT=packed: rows) a micro-batch and g micro-batches:
 
@@ -45,12 +46,22 @@ mean of MLPerf's reference convergence points for the config's global batch (rul
 mlperf/rcp.py), or for a published run the mean samples its logs trained. Not modelled: the
 time between run_start and the first step, NCCL's kernels slowing the compute they overlap,
 the spread of work across ranks (BALANCE), stragglers, SHARP.
+
+--cluster commodity: N nodes of G PCIe GPUs at one config's global batch. In the node a ring at
+the GPU's PCIe link (its `nvlink`), across nodes one Ethernet NIC a node shared by the G GPUs
+(nics_per_node 1: M/G a GPU at NIC/G), hierarchical as above. Each GRAD_COMM mode's all-reduces
+(mode_messages; localsgd: the node's own all-reduce, and the parameters over all ranks every
+LOCALSGD_PERIOD steps, amortised) and PowerSGD's compression compute (powersgd_seconds); powersgd
+and localsgd all-reduce plainly during the warm-up. A GPU's compute is the A100's times the
+ratio of the two GPUs' published BERT-large rates with one code (anchors.csv, SPEED_ANCHOR); a
+GPU without one is not predicted. Samples: the RCP's times the mode's SAMPLES_FACTOR.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import math
 import platform
 import subprocess
@@ -86,12 +97,13 @@ src/graph/tuning.cc hwLat, Ring/Simple; NVIDIA/nccl at 01afd20)."""
 class Network:
     gpus_per_node: int
     nvlink: float
-    """NVSwitch bandwidth a GPU and direction, bytes/s (busbw-equivalent)."""
+    """The fabric in the node a GPU and direction, bytes/s (busbw-equivalent): NVSwitch, or a
+    commodity node's PCIe link."""
     nic: float
-    """One NIC's bandwidth a direction, bytes/s."""
+    """One NIC's bandwidth a direction, bytes/s: InfiniBand, or a commodity node's Ethernet."""
     nics_per_node: int
     alpha_nvlink: float
-    """Seconds a step on NVLink."""
+    """Seconds a step in the node (NVLink or PCIe)."""
     alpha_net: float
     """Seconds a step on the network."""
     algorithm: str = "auto"
@@ -146,6 +158,7 @@ def reduce_scatter(nbytes: float, ranks: int, bandwidth: float, alpha: float) ->
 
 
 ALGORITHMS = {"ring": ring_allreduce, "tree": tree_allreduce}
+CLUSTERS = ("dgx", "commodity")
 CHOICES = (*ALGORITHMS, "auto")
 TOPOLOGIES = ("hierarchical", "flat")
 
@@ -181,11 +194,11 @@ def parameters():
     return params, sum(p.numel() for p in model.bert.embeddings.parameters())
 
 
-def gradient_buckets(dtype=None, params=None) -> list[int]:
-    """Bytes of each of DDP's gradient buckets in the order they are all-reduced (gradient-ready
-    order: the parameters' reverse), by torch's own bucket assignment with DDP's limits; each
-    gradient in `dtype` (default: its parameter's). `params`: the trained parameters in
-    definition order (meta tensors; default: all of BERT-large's)."""
+def bucket_gradients(dtype=None, params=None) -> list[list]:
+    """DDP's gradient buckets in the order they are all-reduced (gradient-ready order: the
+    parameters' reverse), by torch's own bucket assignment with DDP's limits: each bucket's
+    gradients (meta tensors), each in `dtype` (default: its parameter's). `params`: the trained
+    parameters in definition order (meta tensors; default: all of BERT-large's)."""
     import torch.distributed as dist
     from torch.nn.parallel.distributed import _DEFAULT_BUCKET_CAP_MB
 
@@ -194,7 +207,13 @@ def gradient_buckets(dtype=None, params=None) -> list[int]:
     indices, _ = dist._compute_bucket_assignment_by_size(
         grads, [dist._DEFAULT_FIRST_BUCKET_BYTES, _DEFAULT_BUCKET_CAP_MB * 2 ** 20],
         [False] * len(grads))
-    return [sum(grads[i].numel() * grads[i].element_size() for i in bucket) for bucket in indices]
+    return [[grads[i] for i in bucket] for bucket in indices]
+
+
+def gradient_buckets(dtype=None, params=None) -> list[int]:
+    """Bytes of each of DDP's gradient buckets (bucket_gradients), in all-reduce order."""
+    return [sum(g.numel() * g.element_size() for g in bucket)
+            for bucket in bucket_gradients(dtype, params)]
 
 
 @dataclass(frozen=True)
@@ -396,7 +415,8 @@ def published_run(p: Published, gpus_per_node: int = 8) -> Run:
 
 # ---- the prediction ------------------------------------------------------------------------------
 
-TERMS = ("compute", "optimizer", "all-reduce NVLink", "all-reduce InfiniBand", "evals")
+TERMS = ("compute", "optimizer", "all-reduce in node", "all-reduce across nodes", "compression",
+         "evals")
 
 
 @dataclass(frozen=True)
@@ -409,6 +429,8 @@ class Prediction:
     """The part not hidden under backward."""
     eval_seconds: float
     """One eval."""
+    compression: float = 0.0
+    """Seconds a step compressing and decompressing the gradients (GRAD_COMM=powersgd)."""
 
     @property
     def steps(self) -> float:
@@ -423,7 +445,7 @@ class Prediction:
         """Seconds a step of each term (evals spread over the steps)."""
         return dict(zip(TERMS, (self.run.accumulation * self.compute.micro_step,
                                 self.compute.optimizer, self.exposed.nvlink, self.exposed.network,
-                                self.evals * self.eval_seconds / self.steps)))
+                                self.compression, self.evals * self.eval_seconds / self.steps)))
 
     @property
     def step_seconds(self) -> float:
@@ -445,12 +467,207 @@ def predict(run: Run, compute: Compute, buckets: list[int], net: Network,
             overlap: float) -> Prediction:
     """The run's step and time to train (module docstring)."""
     net = replace(net, gpus_per_node=run.gpus_per_node)
-    *early, last = [allreduce(b, run.nodes, net) for b in buckets]
+    return overlapped(run, compute, [allreduce(b, run.nodes, net) for b in buckets], overlap)
+
+
+def overlapped(run: Run, compute: Compute, buckets: list[Comm], overlap: float,
+               after: Comm = Comm(), compression: float = 0.0) -> Prediction:
+    """The run's step from each bucket's communication in all-reduce order (the buckets but the
+    last under at most `overlap` of the backward), `after` the step's communication that
+    nothing hides and `compression` its compression compute (module docstring)."""
+    *early, last = buckets
     rest = sum(early, Comm())
     hidden = min(rest.total, overlap * compute.backward)
-    exposed = last + (rest.scaled(1 - hidden / rest.total) if rest.total else rest)
+    exposed = last + after + (rest.scaled(1 - hidden / rest.total) if rest.total else rest)
     shares = math.ceil(math.ceil(EVAL_SAMPLES / run.gpus) / run.sequences_per_micro_batch)
-    return Prediction(run, compute, rest + last, exposed, shares * compute.micro_step / 3)
+    return Prediction(run, compute, rest + last + after, exposed, shares * compute.micro_step / 3,
+                      compression)
+
+
+# ---- commodity clusters --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CommodityGpu:
+    """A PCIe GPU's datasheet numbers (COMMODITY_GPUS)."""
+
+    name: str
+    tensor_flops: float
+    """Dense fp16 tensor-core peak with fp32 accumulation, FLOP/s."""
+    vector_flops: float
+    """float32 peak without tensor cores, FLOP/s."""
+    bandwidth: float
+    """Memory bandwidth, bytes/s."""
+    pcie: float
+    """Its PCIe x16 link, bytes/s a direction."""
+
+
+PCIE3_X16, PCIE4_X16 = 15.75e9, 31.5e9
+"""A PCIe x16 link a direction, bytes/s: 16 lanes at 8 (3.0) or 16 (4.0) GT/s with 128b/130b
+encoding (PCI-SIG, PCI Express Base Specification 3.0 and 4.0; NVIDIA's V100 datasheet rounds
+3.0 x16 to "32 GB/s" both ways). The link's rate: NCCL's ring over PCIe reaches less, and GPUs
+behind one switch or across CPU sockets share less; neither is modelled."""
+COMMODITY_GPUS = {
+    "V100": CommodityGpu("V100 32GB", 125e12, 15.7e12, 900e9, PCIE3_X16),
+    "RTX3090": CommodityGpu("RTX 3090", 71e12, 35.6e12, 936e9, PCIE4_X16),
+    "A5000": CommodityGpu("RTX A5000", 111.1e12, 27.8e12, 768e9, PCIE4_X16),
+}
+"""Datasheets: NVIDIA Tesla V100 (2020): SXM2 125 TFLOP/s tensor, 15.7 float32, HBM2 900 GB/s,
+PCIe 3.0 x16 (the PCIe card: 112 and 14 at lower clocks); NVIDIA Ampere GA102 GPU Architecture
+whitepaper (2020), RTX 3090: 71 TFLOP/s fp16 tensor with fp32 accumulation (142 with sparsity),
+35.6 float32, GDDR6X 936 GB/s, PCIe 4.0 x16; NVIDIA RTX A5000 datasheet (2021): 222.2 TFLOP/s
+tensor with sparsity (111.1 dense), 27.8 float32, GDDR6 768 GB/s, PCIe 4.0 x16."""
+ETHERNET_GBIT = "10,25"
+"""The default Ethernet rates, Gb/s a direction: 10GBASE and 25GBASE line rates (IEEE 802.3ae-2002
+and 802.3by-2016). TCP/IP's headers (about 5 % at a 1,500-byte MTU) are not taken off."""
+ALPHA_PCIE_US = 5.7
+"""Per-step latency of a ring all-reduce on PCIe, microseconds (NCCL src/graph/tuning.cc hwLat,
+PCI, Ring/Simple; NVIDIA/nccl at 01afd20). Across nodes the network's ALPHA_NET_US: NCCL's model
+has one value for every network, sockets over Ethernet included."""
+SPEED_ANCHOR = "bert_dle_fp16"
+"""The anchors.csv quantity a commodity GPU's compute is calibrated on: BERT-large phase-2
+sequences/s of one GPU running NVIDIA DeepLearningExamples' PyTorch BERT (fp16, one container),
+published for the A100 and the GPU alike."""
+COMMODITY_CONFIG = "config_DGXA100_8x8x48x1.sh"
+"""The config whose global batch (3,072: its RCP row's samples apply) and warm-up a commodity
+cluster keeps: nodes x GPUs a node x micro-batch x GRADIENT_STEPS = 3,072."""
+MICRO_BATCH = 16
+"""Sequences a micro-batch on a commodity GPU (unpadded: about the tokens of the 8 padded
+sequences DeepLearningExamples runs on a V100 32GB in phase 2)."""
+MODES = ("allreduce", "bf16", "fp16", "powersgd", "powersgd_bf16", "localsgd")
+"""GRAD_COMM's modes (docs/slow_networks.md)."""
+SAMPLES_FACTOR = {"allreduce": 1.0, "bf16": 1.0, "fp16": 1.0, "powersgd": 1.33,
+                  "powersgd_bf16": 1.33, "localsgd": 1.0}
+"""Samples to the target of each mode against allreduce's, measured on the demo by `bench comm`
+(docs/slow_networks.md), not on BERT-large: powersgd 1.33x, localsgd and bf16 1.0x; fp16 and
+powersgd_bf16 were not measured and take bf16's and powersgd's. --samples-factor replaces them."""
+PAPER = ("Lin, Li and Pekhimenko, arXiv 2008.00177: BERT pre-trained in 12 days on an "
+         "academic-size cluster of widely available GPUs (the abstract, the only public part, "
+         "names no hardware; a full pre-training, not MLPerf's phase-2 run from the checkpoint "
+         "to 0.72 MLM accuracy, so not the same work)")
+
+
+def slowdown(gpu: CommodityGpu) -> float:
+    """How many times the A100's time the trainer's step takes on `gpu`: the ratio of the two
+    GPUs' SPEED_ANCHOR rates in anchors.csv; a UserError where `gpu` has none."""
+    from bertperf.bench import roofline
+
+    rows = roofline.anchors()
+    if (SPEED_ANCHOR, gpu.name) not in rows:
+        raise UserError(f"{gpu.name}: not predicted: no published BERT-large throughput of it in "
+                        f"bench/anchors.csv ({SPEED_ANCHOR}) to calibrate its compute on")
+    return rows[SPEED_ANCHOR, roofline.A100].value / rows[SPEED_ANCHOR, gpu.name].value
+
+
+def powersgd_split(grad, rank: int) -> tuple[int, int] | None:
+    """(n, m) of a gradient PowerSGD compresses at `rank` (torch's powerSGD_hook: viewed as
+    n = its first dimension by m, compressed where (n + m) r x 2 < n m); None if sent whole."""
+    if grad.dim() < 2:
+        return None
+    n = grad.shape[0]
+    m = grad.numel() // n
+    return (n, m) if (n + m) * rank * 2 < n * m else None
+
+
+def mode_messages(mode: str, rank: int) -> list[list[int]]:
+    """Bytes of each all-reduce over all ranks a step of `mode` once it has started, bucket by
+    bucket: the fp32 bucket; half of it (bf16, fp16); PowerSGD's whole tensors, P and Q (three
+    all-reduces a bucket; _bf16: 2 bytes a number); none under localsgd (the node's all-reduce
+    and the periodic average are `localsgd_comm`'s)."""
+    out = []
+    for bucket in bucket_gradients():
+        numel = sum(g.numel() for g in bucket)
+        if mode in ("allreduce", "bf16", "fp16"):
+            out.append([numel * (4 if mode == "allreduce" else 2)])
+        elif mode == "localsgd":
+            out.append([])
+        else:
+            whole = p = q = 0
+            for g in bucket:
+                split = powersgd_split(g, rank)
+                if split is None:
+                    whole += g.numel()
+                else:
+                    p, q = p + split[0] * rank, q + split[1] * rank
+            out.append([n * (2 if mode == "powersgd_bf16" else 4) for n in (whole, p, q) if n])
+    return out
+
+
+def powersgd_seconds(gpu: CommodityGpu, rank: int, itemsize: int) -> float:
+    """Compressing and decompressing every gradient PowerSGD compresses, a step, priced by
+    roofline on `gpu`'s datasheet at the A100's calibrated fractions (no kernel measurement of
+    these GPUs is at hand): for each n x m gradient M (e = n m elements) torch's hook adds the
+    error (reads M and the error, writes M), P = M Q (2 e r FLOPs), orthogonalises P (Gram-
+    Schmidt, 4 n r^2 FLOPs, r launches), Q = M^T P (2 e r), M = P Q^T (2 e r) and the new error
+    (reads both Ms, writes it); its matmuls in float32, at the float32 peak."""
+    from bertperf.bench import roofline
+
+    a100 = next(g for g in roofline.GPUS if g.name == roofline.A100)
+    priced = replace(a100, name=gpu.name, tensor_flops=gpu.tensor_flops,
+                     vector_flops=gpu.vector_flops, bandwidth=gpu.bandwidth)
+    ops = []
+    for g in parameters()[0]:
+        split = powersgd_split(g, rank)
+        if split is None:
+            continue
+        n, m = split
+        e, factors = n * m, (n + m) * rank
+        ops += [roofline.Op("error_add", "backward", "", e, nbytes=3 * e * itemsize),
+                roofline.Op("p", "backward", "", 2 * e * rank, nbytes=(e + factors) * itemsize),
+                roofline.Op("orthogonalize", "backward", "", 4 * n * rank ** 2,
+                            nbytes=2 * n * rank * itemsize, launches=rank),
+                roofline.Op("q", "backward", "", 2 * e * rank, nbytes=(e + factors) * itemsize),
+                roofline.Op("decompress", "backward", "", 2 * e * rank,
+                            nbytes=(e + factors) * itemsize),
+                roofline.Op("error", "backward", "", e, nbytes=3 * e * itemsize)]
+    return roofline.step_cost(ops, priced).seconds
+
+
+@dataclass(frozen=True)
+class ModeRun:
+    """A GRAD_COMM mode on a commodity cluster: its step once it has started, the plain step
+    before (the warm-up), and the bytes it hands to collectives over all ranks a step."""
+
+    mode: str
+    prediction: Prediction
+    plain: Prediction
+    start: int
+    """Steps of plain all-reduce before the mode starts (powersgd, localsgd: the warm-up)."""
+    world_bytes: float
+
+    @property
+    def seconds_to_train(self) -> float:
+        p = self.prediction
+        return p.seconds_to_train + self.start * (self.plain.step_seconds - p.step_seconds)
+
+
+def commodity_mode(run: Run, compute: Compute, gpu: CommodityGpu, net: Network, mode: str,
+                   overlap: float, rank: int, period: int, warmup: int,
+                   factor: float) -> ModeRun:
+    """`mode` on the cluster `run` (its samples x `factor`), the network `net`."""
+    net = replace(net, gpus_per_node=run.gpus_per_node)
+    params = parameters()[0]
+    full = [[b] for b in gradient_buckets()]
+    ran = replace(run, samples=run.samples * factor,
+                  samples_source=f"{run.samples_source} x {factor:g}")
+
+    def buckets(messages: list[list[int]], nodes: int) -> list[Comm]:
+        return [sum((allreduce(m, nodes, net) for m in bucket), Comm()) for bucket in messages]
+
+    plain = overlapped(ran, compute, buckets(full, run.nodes), overlap)
+    if mode == "localsgd":
+        parameters_bytes = sum(p.numel() * p.element_size() for p in params)
+        average = allreduce(parameters_bytes, run.nodes, net).scaled(1 / period)
+        prediction = overlapped(ran, compute, buckets(full, 1), overlap, after=average)
+        world = parameters_bytes / period
+    else:
+        messages = mode_messages(mode, rank)
+        extra = (powersgd_seconds(gpu, rank, 2 if mode.endswith("bf16") else 4)
+                 if mode.startswith("powersgd") else 0.0)
+        prediction = overlapped(ran, compute, buckets(messages, run.nodes), overlap,
+                                compression=extra)
+        world = sum(map(sum, messages))
+    start = warmup if mode in ("powersgd", "powersgd_bf16", "localsgd") else 0
+    return ModeRun(mode, prediction, plain, start, world)
 
 
 # ---- the calibration check -----------------------------------------------------------------------
@@ -541,6 +758,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-dtype", default=None,
                    help="dtype of the all-reduced gradients: float32, bfloat16 or float16 "
                         "(default: the parameters', float32)")
+    p.add_argument("--cluster", default="dgx",
+                   help="dgx (the DGX A100 configs) or commodity: nodes of PCIe GPUs on Ethernet, "
+                        "every GRAD_COMM mode, at one config's global batch (default dgx)")
+    c = p.add_argument_group("--cluster commodity")
+    c.add_argument("--gpu", default=",".join(COMMODITY_GPUS),
+                   help="GPUs, comma-separated; only those with a published BERT-large rate in "
+                        "bench/anchors.csv predict (default: all)")
+    c.add_argument("--nodes", default="4", help="node counts, comma-separated (default 4)")
+    c.add_argument("--gpus-per-node", default="8", help="GPUs a node, comma-separated (default 8)")
+    c.add_argument("--ethernet-gbit", default=ETHERNET_GBIT,
+                   help=f"one NIC a node, Gb/s, comma-separated (default {ETHERNET_GBIT})")
+    c.add_argument("--grad-comm", default=",".join(MODES),
+                   help="GRAD_COMM modes, comma-separated (default: all)")
+    c.add_argument("--micro-batch", default=str(MICRO_BATCH),
+                   help=f"sequences a micro-batch (default {MICRO_BATCH})")
+    c.add_argument("--powersgd-rank", default="4", help="POWERSGD_RANK (default 4)")
+    c.add_argument("--localsgd-period", default="8", help="LOCALSGD_PERIOD (default 8)")
+    c.add_argument("--samples-factor", action="append", default=[], metavar="MODE=X",
+                   help="samples to converge of MODE against allreduce's (repeatable; default: "
+                        "measured on the demo, SAMPLES_FACTOR)")
 
 
 def _measured(args: argparse.Namespace) -> dict[int, float]:
@@ -556,9 +793,9 @@ def _measured(args: argparse.Namespace) -> dict[int, float]:
     return out
 
 
-def _flag(name: str, text: str) -> float:
+def _flag(name: str, text: str, conv=_positive):
     try:
-        return _positive(text)
+        return conv(text)
     except UserError as exc:
         raise UserError(f"--{name}: {exc}") from None
 
@@ -615,6 +852,11 @@ def runs(args: argparse.Namespace) -> list[Run]:
 
 def run(args: argparse.Namespace) -> int:
     from bertperf.bench import roofline
+
+    if args.cluster not in CLUSTERS:
+        raise UserError(f"--cluster {args.cluster!r}: expected one of {', '.join(CLUSTERS)}")
+    if args.cluster == "commodity":
+        return commodity(args)
 
     measured, net, overlap = _measured(args), network(args), _overlap(args.overlap)
     dtype = _dtype(args.grad_dtype)
@@ -688,4 +930,140 @@ def run(args: argparse.Namespace) -> int:
             cells = [sum((allreduce(b, n, other) for b in buckets), Comm()).total * 1e3
                      for n in nodes]
             print(f"| {topology}, {algorithm} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    return 0
+
+
+def _list(name: str, text: str, conv=_positive) -> list:
+    try:
+        return [conv(item) for item in text.split(",")]
+    except UserError as exc:
+        raise UserError(f"--{name} {text!r}: {exc}") from None
+
+
+def _whole(text: str) -> int:
+    value = _positive(text)
+    if value != int(value):
+        raise UserError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
+def _mode(text: str) -> str:
+    if text not in MODES:
+        raise UserError(f"expected one of {', '.join(MODES)}")
+    return text
+
+
+def _days(seconds: float) -> str:
+    if seconds < 7200:
+        return _duration(seconds)
+    return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.1f} days"
+
+
+def commodity(args: argparse.Namespace) -> int:
+    """`bench scale --cluster commodity`: every GRAD_COMM mode on nodes of PCIe GPUs joined by one
+    Ethernet NIC a node, at a config's global batch."""
+    from bertperf.bench import roofline
+
+    wanted = _list("gpu", args.gpu, str)
+    unknown = [g for g in wanted if g not in COMMODITY_GPUS]
+    if unknown:
+        raise UserError(f"--gpu {unknown[0]!r}: expected one of {', '.join(COMMODITY_GPUS)}")
+    nodes = _list("nodes", args.nodes, _whole)
+    per_node = _list("gpus-per-node", args.gpus_per_node, _whole)
+    gbits = _list("ethernet-gbit", args.ethernet_gbit)
+    modes = _list("grad-comm", args.grad_comm, _mode)
+    batch = _flag("micro-batch", args.micro_batch, _whole)
+    rank = _flag("powersgd-rank", args.powersgd_rank, _whole)
+    period = _flag("localsgd-period", args.localsgd_period, _whole)
+    factors = dict(SAMPLES_FACTOR)
+    for item in args.samples_factor:
+        mode, sep, value = item.partition("=")
+        if not sep or mode not in MODES:
+            raise UserError(f"--samples-factor {item!r}: expected MODE=X, MODE one of "
+                            f"{', '.join(MODES)}")
+        factors[mode] = _flag("samples-factor", value)
+    overlap = _overlap(args.overlap)
+    if args.configs and len(args.configs) > 1:
+        raise UserError("--configs: --cluster commodity takes one config (its global batch)")
+    path = args.configs[0] if args.configs else Path.cwd() / COMMODITY_CONFIG
+    if not path.is_file():
+        raise UserError(f"{path}: no such config file (--configs names the one whose global "
+                        "batch a commodity cluster keeps)")
+    config = config_run(path)
+    try:
+        warmup = int(read_config(path).get("WARMUP_STEPS", "0"))
+    except ValueError:
+        raise UserError(f"{path}: WARMUP_STEPS is not a whole number") from None
+    calibrated, refused = [], []
+    for name in wanted:
+        try:
+            calibrated.append((COMMODITY_GPUS[name], slowdown(COMMODITY_GPUS[name])))
+        except UserError as exc:
+            refused.append(str(exc))
+    if not calibrated:
+        raise UserError("; ".join(refused))
+    gbs = config.global_batch
+    shapes = []
+    for n, g in itertools.product(nodes, per_node):
+        steps, left = divmod(gbs, n * g * batch)
+        if left or not steps:
+            raise UserError(f"{n} nodes x {g} GPUs x micro-batch {batch} does not divide "
+                            f"{path.name}'s global batch {gbs:,} into whole micro-steps")
+        shapes.append((n, g, steps))
+
+    params = parameters()[0]
+    total = sum(p.numel() * p.element_size() for p in params)
+    anchors = roofline.anchors()
+    command = " ".join(["python -m bertperf", *sys.argv[1:]])
+    print(f"COMMODITY CLUSTER MODEL (model predictions, not measurements): `{command}`, "
+          f"{datetime.date.today()}, computed on {platform.machine()} {platform.system()}")
+    print(f"run: {path.name}'s global batch {gbs:,} (nodes x GPUs x micro-batch {batch} x "
+          f"GRADIENT_STEPS), {config.samples:,.0f} samples to converge (MLPerf RCP {gbs}, for "
+          "allreduce; x the mode's samples factor: "
+          f"{', '.join(f'{m} {f:g}' for m, f in factors.items())}, "
+          "measured on the demo by bench comm, not on BERT-large; compressed modes may need "
+          f"more), evals every {config.eval_interval:,} samples; powersgd and localsgd start "
+          f"after the {warmup} warm-up steps (plain all-reduce before)")
+    a100 = anchors[SPEED_ANCHOR, roofline.A100]
+    for gpu, k in calibrated:
+        mine = anchors[SPEED_ANCHOR, gpu.name]
+        print(f"compute on a {gpu.name}: the A100's (the trainer's traced varlen step, bench/"
+              f"roofline.py) x {k:.2f}, calibrated: {a100.value:g} / {mine.value:g} seq/s, "
+              f"{mine.what} ({mine.source}; bench/anchors.csv) (the datasheets' tensor peaks "
+              f"alone: x {roofline.PEAKS[roofline.A100][0] / gpu.tensor_flops:.2f})")
+    for line in refused:
+        print(line)
+    net = network(args)
+    print(f"network: {net.topology} {net.algorithm}; in a node a ring over PCIe at each GPU's x16 "
+          f"link (alpha {ALPHA_PCIE_US:g} us); across nodes one Ethernet NIC a node shared by its "
+          f"GPUs (alpha {net.alpha_net * 1e6:g} us): reduce-scatter in the node, all-reduce of "
+          "M/G a GPU across the nodes at NIC/G, all-gather in the node; BERT-large's "
+          f"{total / 1e9:.3f} GB of fp32 gradients a step in DDP's buckets")
+    print(f"paper: {PAPER}")
+    print("| cluster | GRAD_COMM | MB a step across nodes (a GPU's collectives / each node's "
+          "link) | compute ms | optimizer ms | all-reduce ms exposed (PCIe + Ethernet) / total | "
+          "compression ms | step ms | samples to converge | steps (plain first) | "
+          "predicted time to train | Lin et al. 2020 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    a100_step = modelled(batch, False)
+    for (gpu, k), (n, g, micro_steps), gbit in itertools.product(calibrated, shapes, gbits):
+        compute = Compute(a100_step.micro_step * k, a100_step.backward * k,
+                          a100_step.optimizer * k, f"A100 x {k:.2f}")
+        cluster = Network(g, gpu.pcie, gbit * 1e9 / 8, 1, ALPHA_PCIE_US * 1e-6,
+                          net.alpha_net, net.algorithm, net.topology)
+        run = replace(config, label=f"{n} x {g} {gpu.name}, {gbit:g} Gb/s Ethernet", nodes=n,
+                      gpus_per_node=g, batch=batch, accumulation=micro_steps, packed=False,
+                      packing_factor=1.0, published=None)
+        for mode in modes:
+            m = commodity_mode(run, compute, gpu, cluster, mode, overlap, rank, period, warmup,
+                               factors[mode])
+            p, t = m.prediction, m.prediction.terms
+            wire = 2 * (n - 1) / n * m.world_bytes
+            print(f"| {run.label} | {mode} | {m.world_bytes / 1e6:,.1f} / {wire / 1e6:,.1f} | "
+                  f"{t['compute'] * 1e3:,.0f} | {t['optimizer'] * 1e3:.0f} | "
+                  f"{p.exposed.total * 1e3:,.0f} ({p.exposed.nvlink * 1e3:,.0f} + "
+                  f"{p.exposed.network * 1e3:,.0f}) / {p.comm.total * 1e3:,.0f} | "
+                  f"{t['compression'] * 1e3:.0f} | {p.step_seconds * 1e3:,.0f} | "
+                  f"{p.run.samples:,.0f} (x {factors[mode]:g}) | {p.steps:,.0f} ({m.start}) | "
+                  f"{_days(m.seconds_to_train)} | 12 days (hardware not known) |")
     return 0
