@@ -71,8 +71,8 @@ aten = torch.ops.aten
 
 ANCHORS = Path(__file__).with_name("anchors.csv")
 """The published (or the developers') measurements the efficiencies below are calibrated on, one
-a row: quantity (gemm, gemm_fp8, bandwidth, attention_forward, attention_backward, mlperf_fp8),
-gpu, value, unit, what was measured, source. Data, not code: installed with the package."""
+a row: quantity (gemm, gemm_fp8, bandwidth, attention_forward, attention_backward, mlperf_fp8;
+bert_dle_fp16: bench scale's commodity GPUs), gpu, value, unit, what was measured, source. Data, not code: installed with the package."""
 
 
 @dataclass(frozen=True)
