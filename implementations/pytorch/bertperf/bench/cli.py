@@ -13,7 +13,8 @@ COMMANDS = {
                 "data/balance.py places them"),
     "scale": ("bertperf.bench.scale",
               "a performance model: step time and time to train of the DGX A100 configs from 8 "
-              "to 1,024 GPUs, the dominant term at each, and the published MLPerf times"),
+              "to 1,024 GPUs, the dominant term at each, and the published MLPerf times; "
+              "--cluster commodity: PCIe GPU nodes on 10/25 Gb/s Ethernet, each GRAD_COMM mode"),
     "clip": ("bertperf.bench.clip",
              "gradient clipping before or after DDP's all-reduce on gloo ranks: the all-reduces' "
              "overlap with backward (profiler) and the difference in the step"),
