@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,3 +74,26 @@ def test_two_ranks_train_the_stages_as_one_rank(deep, one_rank, tmp_path, extra)
     assert model.keys() == single_model.keys()
     worst = max(float((model[k] - single_model[k]).abs().max()) for k in model)
     assert worst < 1e-5, f"final parameters differ by up to {worst:.3g}"
+
+
+def test_bench_layerwise_times_the_runs_on_the_demo(demo_data, tmp_path):
+    """`bench layerwise` on the demo's data, shrunk: normal, stacking and MSLT with fresh layers
+    train in one process on the CPU clock and print both tables, a row per stage."""
+    demo, prep = demo_data
+    assert prep.returncode == 0, prep.stdout[-2000:]
+    out = subprocess.run(
+        [sys.executable, "-m", "bertperf", "bench", "layerwise", "--demo", str(demo),
+         "--layers", "3", "--hidden", "32", "--batch", "16", "--samples", "1024", "--stage",
+         "256", "--eval-every", "256", "--eval-samples", "64", "--runs",
+         "normal,stacking,mslt_fresh", "--clock", "cpu", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "cpu clock" in out.stdout
+    stages = re.findall(r"^\| (normal|stacking|mslt_fresh) \| (\d) \| (\d) \((\d)\) \| (\d+) \|",
+                        out.stdout, re.M)
+    assert [(n, int(i), int(d), int(f), int(s)) for n, i, d, f, s in stages] == [
+        ("normal", 1, 3, 0, 64), ("stacking", 1, 1, 0, 16), ("stacking", 2, 3, 0, 48),
+        ("mslt_fresh", 1, 1, 0, 16), ("mslt_fresh", 2, 2, 1, 16), ("mslt_fresh", 3, 3, 2, 16),
+        ("mslt_fresh", 4, 3, 0, 16)]
+    for name in ("normal", "stacking", "mslt_fresh"):
+        assert (tmp_path / f"{name}.txt").is_file()

@@ -14,7 +14,9 @@ schedule (--samples samples, warm-up the first 10 %) for every run:
             samples of the whole model training (LAYERWISE_TRAIN=new, copies, LAMB reset)
   mslt_fresh  mslt with the new layers freshly initialised (LAYERWISE_INIT=fresh); --runs only
 
-Clocks: a run's training time is the wall time of the training loop without its evals (every
+Clocks (--clock): wall time, or the process's CPU time (`cpu`: what the run's own threads
+spent, the loader's prefetch thread included; steadier than wall time on a machine other work
+shares). A run's training time is the clock's time in the training loop without its evals (every
 --eval-every samples, on the whole eval set); the step times are train_step's, and the frozen
 forward the time from the embeddings' start to the last frozen layer's end inside train_step
 (forward hooks). First table, per run: samples and training seconds to --target (the first eval
@@ -46,6 +48,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
     from bertperf.model import BertConfig
 
 GOAL = 0.6
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,6 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the masked-LM accuracy timed (default 0.10, demo-like)")
     p.add_argument("--seed", type=int, default=1, help="seed (default 1; normal also +1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--clock", choices=CLOCKS, default="wall",
+                   help="training time as wall time (default) or the process's CPU time")
     p.add_argument("--runs", default="normal,normal2,stacking,mslt",
                    help="which runs, comma-separated: normal, normal2, stacking, mslt, mslt_fresh "
                         "(default the first four)")
@@ -113,7 +119,8 @@ class Recorder:
     """The clocks of one run, through wrappers around the loop's run_loop, train_step and
     mlm_accuracy and forward hooks on the model (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
         self.t0 = 0.0
         self.eval_seconds = 0.0
         self.evals: list[tuple[int, float, float]] = []  # samples, accuracy, training seconds
@@ -123,7 +130,7 @@ class Recorder:
         self.trainer = None
 
     def clock(self) -> float:
-        return time.perf_counter() - self.t0 - self.eval_seconds
+        return self.now() - self.t0 - self.eval_seconds
 
     def install(self, loop) -> dict:
         real = {"run_loop": loop.run_loop, "train_step": loop.train_step,
@@ -132,15 +139,15 @@ class Recorder:
         def run_loop(trainer, report):
             self.trainer = trainer
             self.hooks(trainer)
-            self.t0 = time.perf_counter()
+            self.t0 = self.now()
             return real["run_loop"](trainer, report)
 
         def train_step(step, micro):
             encoder = step.plan.core.bert.encoder
             self.frozen_seconds, self.in_step = 0.0, True
-            start = time.perf_counter()
+            start = self.now()
             loss = real["train_step"](step, micro)
-            seconds = time.perf_counter() - start
+            seconds = self.now() - start
             self.in_step = False
             self.steps.append((len(encoder.layer), getattr(encoder, "frozen", 0), seconds,
                                self.frozen_seconds))
@@ -148,9 +155,9 @@ class Recorder:
 
         def mlm_accuracy(*args, **kwargs):
             at = self.clock()
-            start = time.perf_counter()
+            start = self.now()
             accuracy = real["mlm_accuracy"](*args, **kwargs)
-            self.eval_seconds += time.perf_counter() - start
+            self.eval_seconds += self.now() - start
             self.evals.append((self.trainer.progress.samples, float(accuracy), at))
             return accuracy
 
@@ -163,12 +170,12 @@ class Recorder:
         layers = trainer.stages.spare if trainer.stages.staged else list(encoder.layer)
 
         def begin(module, args):
-            self.frozen_start = time.perf_counter()
+            self.frozen_start = self.now()
 
         def end(i):
             def hook(module, args, out):
                 if self.in_step and getattr(encoder, "frozen", 0) == i + 1:
-                    self.frozen_seconds += time.perf_counter() - self.frozen_start
+                    self.frozen_seconds += self.now() - self.frozen_start
             return hook
         core.bert.embeddings.register_forward_pre_hook(begin)
         for i, layer in enumerate(layers):
@@ -202,7 +209,7 @@ def one_run(name: str, settings: dict[str, str], args, out: Path, model: Path,
            "SUBMISSION_DIVISION": "open", "TARGET_MLM_ACCURACY": "0.99", "LOG_FREQ": "0",
            "DATA_VERIFY": "none", "LOGDIR": str(out), "MLLOG_FILE": str(out / f"{name}.txt"),
            **settings}
-    recorder = Recorder()
+    recorder = Recorder(CLOCKS[args.clock])
     real = recorder.install(loop)
     try:
         loop.main(config.load(env))
@@ -433,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
           f"{time.strftime('%Y-%m-%d', time.gmtime())}\nBERT {args.layers} layers x "
           f"{args.hidden}, batch {args.batch}, {args.samples} samples, LR {args.lr}, evals every "
           f"{args.eval_every} samples on {args.eval_samples} eval samples, target "
-          f"{args.target}; logs in {out}", flush=True)
+          f"{args.target}; {args.clock} clock; logs in {out}", flush=True)
     results = {}
     for name in names:
         print(f"{name}: {plans[name] or 'LAYERWISE unset'}", flush=True)
