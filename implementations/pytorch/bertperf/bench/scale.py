@@ -71,7 +71,7 @@ from functools import cache
 from pathlib import Path
 
 from bertperf.benchmark import DIVISIONS, EVAL_SAMPLES
-from bertperf.config import reference_eval_interval
+from bertperf.config import GRAD_COMMS as MODES, reference_eval_interval
 from bertperf.errors import UserError
 
 CONFIGS = "config_DGXA100_*x*.sh"
@@ -533,13 +533,11 @@ cluster keeps: nodes x GPUs a node x micro-batch x GRADIENT_STEPS = 3,072."""
 MICRO_BATCH = 16
 """Sequences a micro-batch on a commodity GPU (unpadded: about the tokens of the 8 padded
 sequences DeepLearningExamples runs on a V100 32GB in phase 2)."""
-MODES = ("allreduce", "bf16", "fp16", "powersgd", "powersgd_bf16", "localsgd")
-"""GRAD_COMM's modes (docs/slow_networks.md)."""
 SAMPLES_FACTOR = {"allreduce": 1.0, "bf16": 1.0, "fp16": 1.0, "powersgd": 1.33,
                   "powersgd_bf16": 1.33, "localsgd": 1.0}
 """Samples to the target of each mode against allreduce's, measured on the demo by `bench comm`
-(docs/slow_networks.md), not on BERT-large: powersgd 1.33x, localsgd and bf16 1.0x; fp16 and
-powersgd_bf16 were not measured and take bf16's and powersgd's. --samples-factor replaces them."""
+(docs/slow_networks.md), not on BERT-large: powersgd and powersgd_bf16 1.33x, bf16, fp16 and
+localsgd 1.0x. --samples-factor replaces them."""
 PAPER = ("Lin, Li and Pekhimenko, arXiv 2008.00177: BERT pre-trained in 12 days on an "
          "academic-size cluster of widely available GPUs (the abstract, the only public part, "
          "names no hardware; a full pre-training, not MLPerf's phase-2 run from the checkpoint "
