@@ -133,6 +133,8 @@ def hook_rank(rank: int, store: Path) -> None:
     assert all(bool((p.grad == 0).all()) for p in params)
     if poison is not None:
         poison.remove()
+    del ddp  # DDP's reducer goes while the group exists (as the trainer's Plan.release does)
+    tdist.barrier()  # and every rank is done before either tears the group down
     tdist.destroy_process_group()
 
 
