@@ -11,26 +11,13 @@ import numpy as np
 import pytest
 
 from bertperf.__main__ import main
+from bertperf.data.synthetic import synthetic_packed
 from bertperf.errors import UserError
 from bertperf.formats import detect, nvidia, reading
 from bertperf.formats import padded as hdf5io
-from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import read_shard
 from tests.support.samples import make_samples, sample_digests
-
-
-def greedy_rows(samples: Samples, limit: int = 512, per_row: int = 3) -> Packed:
-    """The samples in their order, a new row when the next one does not fit (as NVIDIA's rows:
-    at most 3 sequences and 512 tokens)."""
-    sizes, fill, count = [], 0, 0
-    for n in samples.lengths.tolist():
-        if count and (fill + n > limit or count == per_row):
-            sizes.append(count)
-            fill, count = 0, 0
-        fill, count = fill + n, count + 1
-    sizes.append(count)
-    return Packed.from_samples(samples, np.arange(len(samples)), np.asarray(sizes))
 
 
 def samples(seed: int, n: int = 40) -> Samples:
@@ -44,7 +31,7 @@ def nv_packed(tmp_path_factory) -> tuple[Path, list[Samples]]:
     folder = tmp_path_factory.mktemp("nvidia_packed")
     parts = [samples(1), samples(2, 25)]
     for k, s in enumerate(parts):
-        nvidia.write_packed(folder / f"part_{k:05d}", greedy_rows(s))
+        nvidia.write_packed(folder / f"part_{k:05d}", synthetic_packed(s))
     return folder, parts
 
 
@@ -119,7 +106,7 @@ def test_trainer_reads_nvidia_varlen_eval_file(tmp_path, capsys):
     assert eval_count_problem(nv_file, len(s)) is None
     assert "eval samples read, the manifest recorded 30" in eval_count_problem(nv_file, 29)
     packed = tmp_path / "part_00000"
-    nvidia.write_packed(packed, greedy_rows(s))
+    nvidia.write_packed(packed, synthetic_packed(s))
     with pytest.raises(UserError, match=f"^{packed}: an NVIDIA packed file, not a padded sample "
                                         "file or an NVIDIA variable-length file$"):
         load_eval_share(packed, 0, 1)
@@ -130,7 +117,7 @@ def test_trainer_reads_nvidia_varlen_eval_file(tmp_path, capsys):
 def test_packed_round_trip(tmp_path):
     """Our samples -> NVIDIA packed file -> read back: the same rows and the same samples."""
     s = samples(5)
-    rows = greedy_rows(s)
+    rows = synthetic_packed(s)
     path = tmp_path / "part_00007"
     nvidia.write_packed(path, rows)
     assert detect.kind(path) == detect.NVIDIA_PACKED
@@ -161,7 +148,7 @@ def test_packed_round_trip(tmp_path):
 @pytest.mark.parametrize("damage", ["lengths", "segments", "labels", "position", "mask_count"])
 def test_packed_bad_rows(tmp_path, capsys, damage):
     s = samples(6, 20)
-    rows = greedy_rows(s)
+    rows = synthetic_packed(s)
     path = tmp_path / "part_00000"
     nvidia.write_packed(path, rows)
     r = 2
@@ -225,7 +212,7 @@ def test_unpad_chop_pack_stats_take_nvidia_packed(tmp_path, nv_packed):
     js = tmp_path / "stats.json"
     assert cli("stats", folder, "--png", tmp_path / "s.png", "--json", js, "--workers", 1) == 0
     st = json.loads(js.read_text())
-    rows = [greedy_rows(s) for s in parts]
+    rows = [synthetic_packed(s) for s in parts]
     tokens = sum(int(s.lengths.sum()) for s in parts)
     assert (st["kind"], st["samples"], st["tokens"]) == \
         ("nvidia-packed", sum(map(len, parts)), tokens)

@@ -4,6 +4,7 @@ the trainer's compile warm-up and `make gpu-check` use it where no real data is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -45,16 +46,23 @@ def synthetic_samples(n: int, seed: int, max_seq_length: int = 512, max_pred: in
     return Samples(ids, offsets, b_starts, positions, mlm_ids, offsets_from_lengths(counts), nsp)
 
 
-def write_synthetic_shards(folder: Path, shards: int, per_shard: int, seed: int,
-                           max_seq_length: int = 512, max_pred: int = 76) -> list[Path]:
+def _write_synthetic(folder: Path, shards: int, per_shard: int, seed: int, max_seq_length: int,
+                     max_pred: int, write: Callable[[Path, Samples], None]) -> list[Path]:
+    """`shards` shards of per_shard synthetic samples each, written by `write(path, samples)`."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(shards):
         path = folder / f"part_{i:05d}.h5"
-        write_shard(path, synthetic_samples(per_shard, seed * 100003 + i, max_seq_length,
-                                            max_pred), max_seq_length, max_pred)
+        write(path, synthetic_samples(per_shard, seed * 100003 + i, max_seq_length, max_pred))
         paths.append(path)
     return paths
+
+
+def write_synthetic_shards(folder: Path, shards: int, per_shard: int, seed: int,
+                           max_seq_length: int = 512, max_pred: int = 76) -> list[Path]:
+    """Unpadded shards of per_shard synthetic samples each."""
+    return _write_synthetic(folder, shards, per_shard, seed, max_seq_length, max_pred,
+                            lambda path, s: write_shard(path, s, max_seq_length, max_pred))
 
 
 def synthetic_packed(samples: Samples, max_seq_length: int = 512, max_seqs_per_row: int = 3):
@@ -77,11 +85,6 @@ def write_synthetic_packed(folder: Path, shards: int, per_shard: int, seed: int,
     """Packed shards of per_shard synthetic samples each (rows of up to 3 sequences)."""
     from bertperf.formats.packed import write_packed
 
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i in range(shards):
-        path = folder / f"part_{i:05d}.h5"
-        samples = synthetic_samples(per_shard, seed * 100003 + i, max_seq_length, max_pred)
-        write_packed(path, synthetic_packed(samples, max_seq_length), max_seq_length, max_pred, 3)
-        paths.append(path)
-    return paths
+    return _write_synthetic(folder, shards, per_shard, seed, max_seq_length, max_pred,
+                            lambda path, s: write_packed(path, synthetic_packed(s, max_seq_length),
+                                                         max_seq_length, max_pred, 3))
