@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.packed import packed_env, tiny_config, trainer_for  # noqa: F401
+from tests.support.packed import (no_host_sync_outside_reports, packed_env,  # noqa: F401
+                                  tiny_config, trainer_for)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -63,24 +64,10 @@ def test_fp8_step_learns_like_bf16_without_host_syncs(
         extra = {"COMPILE": compile_with, **({"FP8": "1"} if name == "fp8" else {})}
         trainer = trainer_for(env, tmp_path, **extra)
         assert fp8.converted(trainer.plan.core) == (8 if name == "fp8" else 0)
-        real_read = loop.Interval.read
-
-        def read(self, *args, _real=real_read):
-            torch.cuda.set_sync_debug_mode("default")
-            try:
-                return _real(self, *args)
-            finally:
-                torch.cuda.set_sync_debug_mode("error")
-
-        monkeypatch.setattr(loop.Interval, "read", read)
         lines = []
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            with torch._dynamo.config.patch(error_on_recompile=True):
-                loop.run_loop(trainer, report=lines.append)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            monkeypatch.setattr(loop.Interval, "read", real_read)
+        with no_host_sync_outside_reports(monkeypatch), \
+                torch._dynamo.config.patch(error_on_recompile=True):
+            loop.run_loop(trainer, report=lines.append)
         losses[name] = [float(line.split(" loss ")[1].split()[0]) for line in lines]
         if compile_with != "none":
             assert dict(counters["graph_break"]) == {}

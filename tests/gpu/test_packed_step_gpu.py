@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.packed import packed_env, tiny_config, trainer_for  # noqa: F401
+from tests.support.packed import (no_host_sync_outside_reports, packed_env,  # noqa: F401
+                                  tiny_config, trainer_for)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -20,21 +21,8 @@ def test_no_host_sync_on_cuda(packed_env, tmp_path, monkeypatch, flat_lamb):  # 
     from bertperf.train import loop
     trainer = trainer_for(packed_env, tmp_path, DEVICE="cuda", PRECISION="bf16", LOG_FREQ="4",
                           MAX_STEPS="12", FLAT_LAMB=flat_lamb)
-    real_read = loop.Interval.read
-
-    def read(self, *args):
-        torch.cuda.set_sync_debug_mode("default")
-        try:
-            return real_read(self, *args)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    monkeypatch.setattr(loop.Interval, "read", read)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync_outside_reports(monkeypatch):
         stop = loop.run_loop(trainer, report=lambda line: None)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert stop.status == "aborted" and not stop.nonfinite
 
 

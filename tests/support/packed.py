@@ -6,6 +6,7 @@ test_train_packed.py (tiny_config)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -57,6 +58,31 @@ def trainer_for(env: dict, tmp_path: Path, **extra: str):
     trainer = setup(prepare(cfg), MLPerfLogger(cfg.log_path, echo=False))
     assert trainer.cfg.data.layout == "packed"
     return trainer
+
+
+@contextlib.contextmanager
+def no_host_sync_outside_reports(monkeypatch):
+    """CUDA's sync debug mode at "error" (a host sync raises) except inside Interval.read, the
+    loop's one wait for the device; the mode and Interval.read restored on leaving."""
+    import torch
+
+    from bertperf.train import loop
+    real_read = loop.Interval.read
+
+    def read(interval, *args):
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return real_read(interval, *args)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(loop.Interval, "read", read)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        monkeypatch.setattr(loop.Interval, "read", real_read)
 
 
 class HostReads:
