@@ -323,3 +323,11 @@ def test_bench_schedules_are_valid_layerwise_settings():
             if settings:
                 stages = layerwise_stages(settings["LAYERWISE"])
                 assert stages[-1][0] == layers and len(stages) >= 2, (name, stages)
+
+
+
+def test_stage_modes_parse_with_spaces():
+    """A stage's :new or :all is read as written, with spaces around it or not."""
+    from bertperf.config import layerwise_stages
+    assert layerwise_stages("3:1000, 6:1000: new,6 : all") == [
+        (3, 1000, None), (6, 1000, "new"), (6, None, "all")]

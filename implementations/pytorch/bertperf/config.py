@@ -369,7 +369,7 @@ def layerwise_stages(text: str) -> list[tuple[int, int | None, str | None]]:
     items = [item.strip() for item in text.split(",")]
     for i, item in enumerate(items):
         fields_ = item.split(":")
-        mode = fields_.pop() if fields_[-1].strip() in LAYERWISE_TRAIN else None
+        mode = fields_.pop().strip() if fields_[-1].strip() in LAYERWISE_TRAIN else None
         last = i == len(items) - 1
         try:
             numbers = [int(x) for x in fields_]
