@@ -70,10 +70,6 @@ class Comm:
     def after_step(self) -> None:
         """After each optimizer step (before the gradients are cleared)."""
 
-    def _count(self, bucket: tdist.GradBucket) -> None:
-        buffer = bucket.buffer()
-        self.traffic.world += buffer.numel() * buffer.element_size()
-
 
 class Compress(Comm):
     """bf16 / fp16: each bucket cast to the half type, all-reduced (averaged) there and cast back
@@ -213,12 +209,12 @@ class LocalSGD(Comm):
 
     def after_step(self) -> None:
         params = [p for p in self.params if p.grad is not None]
-        if self.averages_now():
+        averaging = self.averages_now()
+        storage = [p.data for p in params] if averaging else []
+        self.averager.average_parameters(params)  # averages, or only counts the step
+        if averaging:
             self.traffic.world += grad_bytes(params)
-        storage = [p.data for p in params]
-        self.averager.average_parameters(params)
-        for p, own in zip(params, storage):  # torch's average replaces .data: copy it back
-            if p.data is not own:
+            for p, own in zip(params, storage):  # torch's average replaces .data: copy it back
                 own.copy_(p.data)
                 p.data = own
 
