@@ -1,7 +1,7 @@
 """bertperf's own checkpoints: a run's named stateful parts (model, the run's fingerprint,
 optimizer, schedule, loss scaler, loader position, progress counters, random states), each saving
 and loading its own state, written by rank 0 under a temporary name and resumed exactly
-(docs/design.md, "Checkpoints"). A checkpoint is `torch.save` of {"format", part name: part
+(docs/design.md, "Checkpoint parts"). A checkpoint is `torch.save` of {"format", part name: part
 state, ...}, loadable with `weights_only=True`. Every error is one line naming the file, said
 once however many ranks read it."""
 
