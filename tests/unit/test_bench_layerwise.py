@@ -86,3 +86,16 @@ def test_cli_prints_the_gpu_model_tables(capsys, tmp_path):
         assert float(totals[name][1].split()[0]) == pytest.approx(hours, abs=0.003)
         assert float(totals[name][2]) < 1
     assert "a model's prediction at equal samples" in out
+
+
+def test_flags_below_one_are_one_line_errors_before_anything_is_written(tmp_path, capsys):
+    demo = tmp_path / "demo"
+    (demo / "unpadded").mkdir(parents=True)
+    (demo / "hdf5" / "eval").mkdir(parents=True)
+    (demo / "hdf5" / "eval" / "eval_10k.hdf5").touch()
+    out = tmp_path / "out"
+    assert main(["bench", "layerwise", "--demo", str(demo), "--batch", "0", "--threads", "0",
+                 "--out", str(out)]) != 0
+    assert capsys.readouterr().err.strip() == \
+        "bertperf: error: --batch, --threads: must be at least 1"
+    assert not out.exists()

@@ -10,8 +10,8 @@ schedule (--samples samples, warm-up the first 10 %) for every run:
   stacking  progressive stacking: half the layers, then all (LAYERWISE_TRAIN=all, the new
             layers copies of the trained ones, LAMB reset at the boundary), --stage samples
   mslt      multi-stage layerwise training: a third of the layers, two thirds, all of them
-            training only the new top third (the rest frozen: forward only), then --stage more
-            samples of the whole model training (LAYERWISE_TRAIN=new, copies, LAMB reset)
+            training only the new top third (the rest frozen: forward only), then the remaining
+            samples with the whole model training (LAYERWISE_TRAIN=new, copies, LAMB reset)
   mslt_fresh  mslt with the new layers freshly initialised (LAYERWISE_INIT=fresh); --runs only
 
 Clocks (--clock): wall time, or the process's CPU time (`cpu`: what the run's own threads
@@ -65,6 +65,9 @@ if TYPE_CHECKING:
 
 GOAL = 0.6
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+POSITIVE = ("layers", "hidden", "batch", "samples", "stage", "eval_every", "eval_samples",
+            "threads")
+"""The whole-number flags that must be at least 1."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -419,6 +422,9 @@ def run(args: argparse.Namespace) -> int:
     if not (demo / "unpadded").is_dir() or not (demo / "hdf5" / "eval" / "eval_10k.hdf5").is_file():
         raise UserError(f"{demo}: no demo data (unpadded/ and hdf5/eval/eval_10k.hdf5); make demo "
                         "prepares it")
+    small = [f"--{name.replace('_', '-')}" for name in POSITIVE if getattr(args, name) < 1]
+    if small:
+        raise UserError(f"{', '.join(small)}: must be at least 1")
     if args.layers < 3 or args.samples < 4 * args.stage:
         raise UserError("--layers must be at least 3 and --samples at least 4 x --stage")
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
