@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bertperf.bench import cpu_name
 from bertperf.config import GRAD_COMMS as MODES
 from bertperf.errors import UserError
 
@@ -132,7 +133,7 @@ class SlowLink:
 
     def command(self, node: int, argv: list[str]) -> list[str]:
         """`argv` run on node `node` (1 or 2): in its namespace, its host name n<node>."""
-        inner = " ".join(_quote(a) for a in argv)
+        inner = " ".join(shlex.quote(a) for a in argv)
         return ["ip", "netns", "exec", self.namespace(node), "unshare", "--uts", "sh", "-c",
                 f"hostname n{node}; exec {inner}"]
 
@@ -162,10 +163,6 @@ class SlowLink:
         return [float(x) for x in (out / "rank1.txt").read_text().split()[-repeats:]]
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
-
-
 def wait(procs: list[subprocess.Popen], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     codes = []
@@ -182,7 +179,7 @@ def wait(procs: list[subprocess.Popen], timeout: float) -> list[int]:
 
 def config_env(config: Path) -> dict[str, str]:
     """The variables the demo's config file exports."""
-    r = subprocess.run(["bash", "-c", f"set -a; source {_quote(str(config))}; env -0"],
+    r = subprocess.run(["bash", "-c", f"set -a; source {shlex.quote(str(config))}; env -0"],
                        capture_output=True, text=True, check=True)
     return dict(item.split("=", 1) for item in r.stdout.split("\0") if "=" in item)
 
@@ -218,9 +215,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     nbytes = demo_gradient_bytes()
     rate = args.rate_mbit * 1e6 if args.rate_mbit else nbytes * 8 / LARGE_SECONDS
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
-    print(f"{cpu}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    print(f"{cpu_name()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
           f"\ndemo gradient {nbytes:,} bytes; BERT-large's over 10 Gb/s: {LARGE_SECONDS:.3f} s; "
           f"link {rate / 1e6:.1f} Mbit/s (tbf, both ends); logs in {out}", flush=True)
     env = {**os.environ, **config_env(config), "DATADIR_PHASE2": str(demo / "unpadded"),

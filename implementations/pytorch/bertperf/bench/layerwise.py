@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from bertperf.bench import cpu_name
 from bertperf.errors import UserError
 
 if TYPE_CHECKING:
@@ -356,7 +357,10 @@ def gpu_predictions(batch: int = 56) -> dict[str, list[tuple[StageStep, Predicti
         setting = stage_setting(stages, counts)
         out[name] = []
         for index, samples in enumerate(counts):
-            step = stage_step(config, batch, setting, train, index)
+            layers, _, mode = stages[index]  # the whole model training: normal's step
+            whole = layers == config.num_hidden_layers and (mode or train) == "all"
+            step = stage_step(config, batch, None, "all", 0) if whole else \
+                stage_step(config, batch, setting, train, index)
             buckets = scale.gradient_buckets(None, list(step.trained))
             out[name].append((step, scale.predict(replace(base, samples=samples), step.compute,
                                                   buckets, net, 1.0)))
@@ -440,9 +444,7 @@ def run(args: argparse.Namespace) -> int:
                                  "num_hidden_layers": args.layers, "num_attention_heads": 2,
                                  "intermediate_size": 4 * args.hidden}))
     eval_file = eval_subset(demo, args.eval_samples, out / "eval.hdf5")
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
-    print(f"{cpu}, {torch.get_num_threads()} thread(s); torch {torch.__version__}; "
+    print(f"{cpu_name()}, {torch.get_num_threads()} thread(s); torch {torch.__version__}; "
           f"{time.strftime('%Y-%m-%d', time.gmtime())}\nBERT {args.layers} layers x "
           f"{args.hidden}, batch {args.batch}, {args.samples} samples, LR {args.lr}, evals every "
           f"{args.eval_every} samples on {args.eval_samples} eval samples, target "

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
 from bertperf.data.collate import collate_padded
 from bertperf.data.dataset import ShardDataset

@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertperf.bench import cpu_name
 from bertperf.bench.flops import train_flops
 from bertperf.bench.loader import _rss_kb
 from bertperf.config import RunConfig
@@ -577,6 +578,7 @@ def print_model() -> None:
     H100 also with the encoder's GEMMs in FP8; then the H100 rates beside NVIDIA's (the A100
     check of the calibration is bench scale's: scale.calibration)."""
     from bertperf.bench import roofline
+    from bertperf.bench.scale import TOLERANCE
     from bertperf.model import BertConfig
 
     config = BertConfig.large()
@@ -661,7 +663,8 @@ def print_model() -> None:
     h100, where = roofline.H100, nvidia.source.split(" (")[0]
     print("calibration checked on the A100 by `python -m bertperf bench scale` (NVIDIA's MLPerf "
           "1xDGX A100 rows, the line under its table; tests/unit/test_bench_scale.py holds it "
-          "within 15 %); the H100 (bf16 and FP8 predicted, one GPU, no all-reduce or evals): "
+          f"within {TOLERANCE * 100:.0f} %); the H100 (bf16 and FP8 predicted, one GPU, no "
+          "all-reduce or evals): "
           f"{rates[h100, best]:,.0f} seq/s bf16 as the code runs it ({best}); "
           f"{rates[h100, fp8]:,.0f} seq/s with "
           f"the encoder's GEMMs in FP8 (they and the cast/amax kernels FP8 adds are all it "
@@ -680,7 +683,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model_only:
         import torch
 
-        print(f"bench train --model-only, {datetime.date.today()}: {_cpu_name()}, "
+        print(f"bench train --model-only, {datetime.date.today()}: {cpu_name()}, "
               f"{platform.machine()} {platform.system()}; torch {torch.__version__}, Python "
               f"{platform.python_version()}")
         print_model()
@@ -744,7 +747,7 @@ def measure_rows(args: argparse.Namespace) -> None:
     bench = Bench(config, device, steps, warmup, max_len, max_pred, initial)
 
     where = torch.cuda.get_device_name(device) if cuda else \
-        f"{_cpu_name()}, {torch.get_num_threads()} threads"
+        f"{cpu_name()}, {torch.get_num_threads()} threads"
     import transformers
     print(f"bench train, {datetime.date.today()}: {where}; torch {torch.__version__}, "
           f"transformers {transformers.__version__}, Python {platform.python_version()}")
@@ -775,16 +778,6 @@ def measure_rows(args: argparse.Namespace) -> None:
         raise UserError("the rows did not train on the same sequences")
     print(f"every row trained on the same {sum(len(s.samples) for s in steps)} sequences in the same "
           f"{len(steps)} batches (digest {hashlib.sha1(''.join(ran[0].digests).encode()).hexdigest()[:12]})")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "CPU"
 
 
 OPTIMIZERS = {"Lamb": "Lamb (per tensor, foreach ops)",
