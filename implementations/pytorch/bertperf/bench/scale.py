@@ -70,6 +70,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
+from bertperf.bench import CALIBRATION_TOLERANCE as TOLERANCE
 from bertperf.benchmark import DIVISIONS, EVAL_SAMPLES
 from bertperf.config import GRAD_COMMS as MODES, reference_eval_interval
 from bertperf.errors import UserError
@@ -676,8 +677,6 @@ test_bench_scale.py): NVIDIA's closed 1xDGX A100 runs, fp16 (the A100's fp16 and
 peaks are the same), 56 unpadded sequences a GPU, fused bias/GeLU/dropout/LayerNorm kernels and
 fused attention (FMHA), no CUDA graphs (config_DGXA100_1x8x56x1.sh of their pytorch and
 pytorch-22.09 folders): 300 and 304 sequences/s a GPU, evals included."""
-TOLERANCE = 0.15
-"""How far the model's A100 prediction may be from the published rates."""
 
 
 def per_gpu_rate(p: Prediction) -> float:

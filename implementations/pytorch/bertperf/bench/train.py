@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertperf.bench import cpu_name
+from bertperf.bench import CALIBRATION_TOLERANCE, cpu_name
 from bertperf.bench.flops import train_flops
 from bertperf.bench.loader import _rss_kb
 from bertperf.config import RunConfig
@@ -578,7 +578,6 @@ def print_model() -> None:
     H100 also with the encoder's GEMMs in FP8; then the H100 rates beside NVIDIA's (the A100
     check of the calibration is bench scale's: scale.calibration)."""
     from bertperf.bench import roofline
-    from bertperf.bench.scale import TOLERANCE
     from bertperf.model import BertConfig
 
     config = BertConfig.large()
@@ -663,7 +662,7 @@ def print_model() -> None:
     h100, where = roofline.H100, nvidia.source.split(" (")[0]
     print("calibration checked on the A100 by `python -m bertperf bench scale` (NVIDIA's MLPerf "
           "1xDGX A100 rows, the line under its table; tests/unit/test_bench_scale.py holds it "
-          f"within {TOLERANCE * 100:.0f} %); the H100 (bf16 and FP8 predicted, one GPU, no "
+          f"within {CALIBRATION_TOLERANCE * 100:.0f} %); the H100 (bf16 and FP8 predicted, one GPU, no "
           "all-reduce or evals): "
           f"{rates[h100, best]:,.0f} seq/s bf16 as the code runs it ({best}); "
           f"{rates[h100, fp8]:,.0f} seq/s with "
