@@ -4,27 +4,18 @@
 # samples, 20 masks and dupe factor 5: about 112k training samples and a 2,000-sample eval set.
 # MAX_SEQ_LENGTH, MAX_PREDICTIONS_PER_SEQ and DUPE_FACTOR may be set instead (`make gpu-check`
 # takes MLPerf's 512 and 76 where it has no Wikipedia extract).
-# The package is used where installed, else fetched with `apt-get download` (no root needed)
-# into OUT_DIR/deb and unpacked there.
+# FOLDOC may name the dictionary's foldoc.dict.dz (`make gpu-check` takes its bundle's copy);
+# else the package's is used where installed, or fetched into OUT_DIR/deb (fetch_foldoc.sh).
 set -euo pipefail
 
 : "${OUT_DIR:?set OUT_DIR, the output folder}"
 : "${PYTHON:=python3}"
-: "${FOLDOC:=/usr/share/dictd/foldoc.dict.dz}"
 : "${MAX_SEQ_LENGTH:=128}"
 : "${MAX_PREDICTIONS_PER_SEQ:=20}"
 : "${DUPE_FACTOR:=5}"
 
-if [[ ! -f "${FOLDOC}" ]]; then
-  FOLDOC="${OUT_DIR}/deb/usr/share/dictd/foldoc.dict.dz"
-  if [[ ! -f "${FOLDOC}" ]]; then
-    mkdir -p "${OUT_DIR}/deb"
-    ( cd "${OUT_DIR}/deb" && apt-get download dict-foldoc >/dev/null ) || {
-      echo "prepare_demo.sh: error: cannot fetch dict-foldoc (apt-get download dict-foldoc failed;" \
-           "run 'apt-get update' as root, or install it: apt-get install dict-foldoc)" >&2
-      exit 1; }
-    dpkg-deb -x "${OUT_DIR}"/deb/dict-foldoc_*.deb "${OUT_DIR}/deb"
-  fi
+if [[ -z "${FOLDOC:-}" ]]; then
+  FOLDOC="$(bash "$(dirname "${BASH_SOURCE[0]}")/fetch_foldoc.sh" "${OUT_DIR}/deb")"
 fi
 
 "${PYTHON}" -m bertperf prep dictd --dict "${FOLDOC}" --output "${OUT_DIR}/text_source" --file_mb 0.5

@@ -9,8 +9,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository's root (the checkout)."""
-PYTHONPATH = os.pathsep.join([str(ROOT / "implementations" / "pytorch"), str(ROOT)])
-"""bertperf's package folder and the root (for `tests`), as a child process's PYTHONPATH."""
+PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT / "implementations" / "pytorch"), str(ROOT),
+                                           os.environ.get("PYTHONPATH")]))
+"""bertperf's package folder and the root (for `tests`), as a child process's PYTHONPATH, before
+the one this process was given (packages installed beside an environment, as `make gpu-check`
+installs its bundle's, stay importable in the child)."""
 SHARED = ROOT.parent / "shared"
 WIKI_SAMPLE = Path(os.environ.get("WIKI_SAMPLE") or SHARED / "data" / "wiki_sample")
 """A wikiextractor folder (wiki_00..03) for the tests that need real Wikipedia text: $WIKI_SAMPLE,

