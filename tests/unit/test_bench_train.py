@@ -7,6 +7,7 @@ nothing here times it."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import subprocess
 import sys
 from dataclasses import replace
@@ -651,3 +652,131 @@ def test_bench_train_prints_both_tables(tmp_path, cpu_emulates_bf16):
     assert any(line.startswith("calibration checked on the A100 by `python -m bertperf bench "
                                "scale`") for line in lines[model:])
     assert report.read_text().count("step-time MODEL") == 1
+
+
+FAST = ["bench", "train", "--synthetic", "--config", "tiny", "--layers", "1", "--batch", "2",
+        "--warmup", "0", "--steps", "1", "--precision", "fp32"]
+"""The command at its smallest: one timed step of 2 synthetic rows, a 1-layer tiny BERT, fp32."""
+
+
+def table_of(out: str) -> list[list[str]]:
+    """The measured table read back: each row's cells."""
+    lines = out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("| row |")))
+    return [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in itertools.takewhile(lambda line: line.startswith("| "),
+                                            lines[header + 2:])]
+
+
+def wrap_rows(monkeypatch, wrap) -> None:
+    """train.rows as the command calls it, each row's build replaced by wrap(label, build)."""
+    from bertperf.bench import train
+
+    real = train.rows
+
+    def rows(*args):
+        for label, precision, build in real(*args):
+            yield label, precision, wrap(label, build)
+
+    monkeypatch.setattr(train, "rows", rows)
+
+
+def test_each_row_is_printed_and_reported_as_soon_as_it_is_measured(tmp_path, monkeypatch,
+                                                                    capsys):
+    """The table's header comes before the first row is built, each row's line (with its speed
+    against the HF row before it) before the next row is built, on stdout and in --report's
+    file alike, so that a run stopped at a time limit keeps the rows measured; --rows measures
+    and prints only the rows it names; --no-model prints no step-time model."""
+    from bertperf.__main__ import main
+
+    report = tmp_path / "report.md"
+    before = []  # (stdout since the row before was built, the report) as each row is built
+
+    def recording(label, build):
+        def build_after_recording():
+            before.append((capsys.readouterr().out, report.read_text()))
+            return build()
+        return build_after_recording
+
+    wrap_rows(monkeypatch, recording)
+    assert main([*FAST, "--rows", "hf,varlen,packed", "--no-model",
+                 "--report", str(report)]) == 0
+    out = "".join(o for o, _ in before) + capsys.readouterr().out
+    table = table_of(out)
+    assert [cells[0] for cells in table] == ["HF BertForPreTraining (SDPA, padded)",
+                                             "bertperf: varlen", "bertperf: + packed"]
+    assert all(float(cells[2].replace(",", "")) > 0 for cells in table)
+    assert table[0][8] == "1.00x" and all(cells[8].endswith("x") for cells in table)
+    lines = out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("| row |")))
+    done = lines[header + 1:header + 4]  # the separator, HF's line, varlen's
+    assert [o for o, _ in before[1:]] == [line + "\n" for line in done[1:]]
+    for (o, text), line in zip(before, done, strict=True):
+        assert o.endswith(line + "\n") and text.endswith(line + "\n")
+    assert before[0][1].startswith("`python -m bertperf ")
+    assert "step-time MODEL" not in out
+    assert any(line.startswith("every row trained on the same") for line in out.splitlines())
+    assert report.read_text().count("| bertperf: + packed |") == 1
+
+
+def test_a_failing_row_is_one_cell_freed_and_the_rows_after_run(monkeypatch, capsys):
+    """A row whose build raises (here HF's, a ValueError after its model is built) is that
+    row's "failed (type: first line)" cell; its model is freed before the next row is built;
+    the rows after it are measured, with no HF row of their precision to compare with."""
+    import weakref
+
+    from bertperf.__main__ import main
+
+    models, freed = [], []
+
+    def failing_hf(label, build):
+        def build_or_fail():
+            freed.extend(model() is None for model in models)
+            if not label.startswith("HF"):
+                return build()
+            t = build()
+            models.append(weakref.ref(t.model))
+            raise ValueError("injected after the model was built\nsecond line")
+        return build_or_fail
+
+    wrap_rows(monkeypatch, failing_hf)
+    assert main([*FAST, "--rows", "hf,varlen,packed", "--no-model"]) == 0
+    out = capsys.readouterr().out
+    hf, *after = table_of(out)
+    assert hf[2:] == ["failed (ValueError: injected after the model was built)"] + [""] * 6
+    assert freed == [True, True]
+    assert [cells[0] for cells in after] == ["bertperf: varlen", "bertperf: + packed"]
+    assert all(float(cells[2].replace(",", "")) > 0 and cells[8] == "" for cells in after)
+    (line,) = [line for line in out.splitlines() if line.startswith("LAMB: ")]
+    assert lambs_of(line) == {"Lamb": ["bertperf: varlen", "bertperf: + packed"]}
+    assert any(line.startswith("every row trained on the same") for line in out.splitlines())
+
+
+def test_rows_selects_rows_with_the_switches_of_those_before(tmp_path, monkeypatch, capsys):
+    """--rows' keys name the rows built; a bertperf row left out still adds its switch to the
+    rows after it (where available); an unknown key is one line naming it and the keys, before
+    anything is measured."""
+    from bertperf.__main__ import main
+    from bertperf.bench import train
+    from bertperf.train import loop
+
+    bench = small_bench(tmp_path, packed=True)
+    def labels(*keys):
+        return [label for label, _, _ in train.rows(bench, ("fp32",), *keys)]
+
+    assert labels({"hf"}) == ["HF BertForPreTraining (SDPA, padded)"]
+    assert labels(set(train.ROW_KEYS)) == labels()
+    (label, precision, build), fp8 = train.rows(bench, ("fp32",), {"compile", "fp8"})
+    assert (label, precision, fp8[0]) == ("bertperf: + compile", "fp32", "bertperf: + FP8")
+    built = spy(monkeypatch, loop, "build_step")
+    build()
+    (cfg, _, _, _), _ = built[-1]
+    # packed on before it; the fused kernels not available on this CPU
+    assert cfg == train.run_config(("varlen", "packed", "compile"), "cpu")
+    with pytest.raises(train.NotAvailable):  # FP8=1 needs PRECISION=bf16
+        fp8[2]()
+
+    assert main([*FAST, "--rows", "hf, cuda,fp8"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("bertperf: error: --rows: no row 'cuda'; the rows: hf, varlen, "
+                                 "bf16, packed, kernels, compile, graphs, fp8\n")

@@ -21,15 +21,20 @@ lengths packed in order, no files): warm-up steps, then timed steps. Rows:
                   adding one switch to the one before. A switch the trainer refuses here
                   (train.parallel.check, train.checks.check_device: its own words), or the
                   data or the GPU does not allow, is shown as "not available (why)" and left
-                  out of the rows after
+                  out of the rows after; a row that fails (any error: out of memory, a
+                  compiler's) is "failed (error)", and the rows after keep its switch
 
 Columns: sequences/s; real (unpadded) tokens/s; model TFLOP/s counted on real tokens
 (bench/flops.py: the same work for every row, whatever it pads); MFU against the dense matmul
 rate measured first on the same device (the FFN's GEMM at a step's token count, in the row's
 precision, best of three); peak memory (CUDA: max_memory_allocated; CPU: growth of the peak RSS);
 the loss of the last step (every row should land close to the others); speed relative to HF at
-the same precision. Rates are a step's mean work over the median step time. Every row's batches
-are checked to hold the same sequences.
+the same precision measured before it. Rates are a step's mean work over the median step time.
+Every row's batches are checked to hold the same sequences.
+
+Each row's line is printed (and --report's file written) as soon as the row is measured, so a
+run stopped part-way keeps the rows before. --rows measures some of the rows (the switches of
+those left out still on in the rows after them); --no-model leaves out the step-time model.
 
 Default: this machine's CPU, BERT-large's layer shapes with 2 layers, 8 sequences (rows) a step,
 1 warm-up + 3 timed steps. `--config large --device cuda`: BERT-large, 56, 5 + 20 steps.
@@ -69,6 +74,8 @@ from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 
 SWITCHES = ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs", "FP8")
+ROW_KEYS = ("hf", "varlen", "bf16", "packed", "kernels", "compile", "graphs", "fp8")
+"""--rows' names: the HF rows, then the bertperf rows, one a switch in SWITCHES' order."""
 LR, MAX_STEPS = 4.25e-4, 6700
 """LAMB's learning rate and the schedule's length, the single-node recipe's
 (config_DGXA100_1x8x56x1.sh): over a bench's few steps the trainer's linear decay keeps the LR
@@ -111,6 +118,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rows in fp32, bf16 or both (bf16 switched on after varlen); default "
                         "both on the CPU, bf16 on CUDA")
     p.add_argument("--seed", type=int, default=1, help="weights, dropout and sample order")
+    p.add_argument("--rows", default=",".join(ROW_KEYS),
+                   help="the rows to measure, comma-separated (default: all): "
+                        f"{', '.join(ROW_KEYS)}; the switches of those left out stay on in the "
+                        "rows after them")
+    p.add_argument("--no-model", action="store_true",
+                   help="leave out the step-time model at the end (a minute on a CPU)")
     p.add_argument("--report", type=Path,
                    help="also append the output, with the command and the date, to this file "
                         "and print the lines for docs/performance.md (make gpu-check)")
@@ -387,9 +400,8 @@ class PeakMemory:
     def start(self) -> None:
         import torch
 
-        gc.collect()
+        release(self.device)
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
             return
         try:
@@ -410,8 +422,20 @@ class PeakMemory:
         return float("nan") if self.base is None else _rss_kb()[1] * 1024 - self.base
 
 
+def release(device) -> None:
+    """Frees what the rows before left behind (their models, optimizers, compiled steps), on
+    CUDA back to the device too."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def measure(bench: Bench, label: str, precision: str, build) -> Result:
-    """Build a row (NotAvailable: reported as such) and time its steps."""
+    """Build a row (NotAvailable: reported as such) and time its steps. Any error (out of
+    memory, a compiler's or Triton's, a refusal) is the row's "failed" cell, and what the row
+    allocated is freed, so that the rows after still run; an interrupt stops the bench."""
     import torch
 
     result = Result(label, precision)
@@ -420,21 +444,24 @@ def measure(bench: Bench, label: str, precision: str, build) -> Result:
     memory.start()
     torch.manual_seed(0)
     try:
-        t = build()
-        result.optimizer = type(t.optimizer).__name__
-        train_row(bench, t, result)
+        train_row(bench, build(), result)
     except NotAvailable as exc:
         return replace(result, missing=f"not available ({exc})")
-    except RuntimeError as exc:  # out of memory, a compiler error: the other rows still run
+    except Exception as exc:  # noqa: BLE001 (one row's failure, whatever it is)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return replace(result, missing=f"failed ({type(exc).__name__}: {first[:100]})")
-    result.peak_bytes = memory.peak()
+        result = replace(result, missing=f"failed ({type(exc).__name__}: {first[:100]})")
+    else:
+        result.peak_bytes = memory.peak()
+        return result
+    release(bench.device)  # the error, and with it the row's frames, are gone here
     return result
 
 
 def train_row(bench: Bench, t: Trainee, result: Result) -> None:
     """Train the row on every step, timing those after the warm-up, into `result`."""
     import torch
+
+    result.optimizer = type(t.optimizer).__name__
 
     def sync():
         if bench.device.type == "cuda":
@@ -482,19 +509,23 @@ def _matmul_rate(device, dtype, m: int, k: int, n: int, seconds: float) -> float
         reps *= 2
 
 
-def rows(bench: Bench, precisions: tuple[str, ...]):
-    """(label, precision, build) of every row, in order: HF in each precision, then bertperf
-    with one more switch a row (the bf16 switch only when both precisions run)."""
-    for precision in precisions:
-        yield "HF BertForPreTraining (SDPA, padded)", precision, \
-            lambda precision=precision: hf_row(bench, precision)
+def rows(bench: Bench, precisions: tuple[str, ...], keys=ROW_KEYS):
+    """(label, precision, build) of the rows named in `keys` (ROW_KEYS), in order: HF in each
+    precision, then bertperf with one more switch a row (the bf16 switch only when both
+    precisions run); a row left out still adds its switch to the rows after it."""
+    if "hf" in keys:
+        for precision in precisions:
+            yield "HF BertForPreTraining (SDPA, padded)", precision, \
+                lambda precision=precision: hf_row(bench, precision)
     on: tuple[str, ...] = ("bf16",) if precisions == ("bf16",) else ()
-    for switch in SWITCHES:
+    for switch, key in zip(SWITCHES, ROW_KEYS[1:]):
         if switch == "bf16" and len(precisions) == 1:
             continue
         why = unavailable(bench, (*on, switch))
         if why is None:
             on += (switch,)
+        if key not in keys:
+            continue
         label = "bertperf: varlen" if switch == "varlen" else f"bertperf: + {switch}"
 
         def build(switches=on, why=why):
@@ -687,20 +718,36 @@ def run(args: argparse.Namespace) -> int:
               f"{platform.python_version()}")
         print_model()
         return 0
+    keys = row_keys(args.rows)
+    command = " ".join(["python -m bertperf", *sys.argv[1:]])
     output = io.StringIO()
-    with contextlib.redirect_stdout(Tee(sys.stdout, output)):
-        measure_rows(args)
-        measured = output.getvalue()
-        print_model()
+    with contextlib.ExitStack() as stack:
+        streams = [sys.stdout, output]
+        if args.report is not None:  # appended line by line: a run stopped part-way keeps them
+            args.report.parent.mkdir(parents=True, exist_ok=True)
+            report = stack.enter_context(args.report.open("a", buffering=1))
+            report.write(f"`{command}`, {datetime.date.today()}:\n\n")
+            stack.callback(report.write, "\n")
+            streams.append(report)
+        with contextlib.redirect_stdout(Tee(*streams)):
+            measure_rows(args, keys)
+            measured = output.getvalue()
+            if not args.no_model:
+                print_model()
     if args.report is not None:
-        command = " ".join(["python -m bertperf", *sys.argv[1:]])
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        with args.report.open("a") as f:
-            f.write(f"`{command}`, {datetime.date.today()}:\n\n{output.getvalue()}\n")
         print(f"\nappended to {args.report}; for docs/performance.md:\n\n"
               f"`{command}` ({datetime.date.today()}):\n")
         print("\n".join(line for line in measured.splitlines() if line))
     return 0
+
+
+def row_keys(text: str) -> frozenset[str]:
+    """--rows' keys, checked before anything is measured."""
+    keys = [key.strip() for key in text.split(",")]
+    unknown = [key for key in keys if key not in ROW_KEYS]
+    if unknown:
+        raise UserError(f"--rows: no row {unknown[0]!r}; the rows: {', '.join(ROW_KEYS)}")
+    return frozenset(keys)
 
 
 class Tee(io.TextIOBase):
@@ -719,8 +766,9 @@ class Tee(io.TextIOBase):
             stream.flush()
 
 
-def measure_rows(args: argparse.Namespace) -> None:
-    """The header lines and the measured table."""
+def measure_rows(args: argparse.Namespace, keys: frozenset[str]) -> None:
+    """The header lines and the table of the rows in `keys`, each row's line printed as soon
+    as it is measured."""
     import torch
 
     from bertperf.model import BertConfig, BertForPreTraining
@@ -767,12 +815,21 @@ def measure_rows(args: argparse.Namespace) -> None:
           f"[{config.hidden_size} x {config.intermediate_size}]: "
           + ", ".join(f"{p} {r / 1e12:.2f} TFLOP/s" for p, r in rate.items()))
 
-    results = []
-    for label, prec, build in rows(bench, precisions):
-        results.append(measure(bench, label, prec, build))
-    print_table(results, rate, cuda)
-    print_optimizers(results)
+    memory = "peak memory" if cuda else "peak RSS growth"
+    print(f"\n| row | precision | seq/s | real tokens/s | model TFLOP/s | MFU | {memory} | "
+          "loss | vs HF |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    results, hf = [], {}
+    for label, prec, build in rows(bench, precisions, keys):
+        r = measure(bench, label, prec, build)
+        if label.startswith("HF") and r.missing is None:
+            hf[prec] = r
+        print(table_row(r, hf.get(prec), rate[prec]), flush=True)
+        results.append(r)
     ran = [r for r in results if r.missing is None]
+    if not ran:
+        return
+    print_optimizers(results)
     if any(r.digests != ran[0].digests for r in ran):
         raise UserError("the rows did not train on the same sequences")
     print(f"every row trained on the same {sum(len(s.samples) for s in steps)} sequences in the same "
@@ -793,19 +850,13 @@ def print_optimizers(results: list[Result]) -> None:
                                for name, labels in rows.items()))
 
 
-def print_table(results: list[Result], rate: dict[str, float], cuda: bool) -> None:
-    hf = {r.precision: r for r in results if r.label.startswith("HF") and r.missing is None}
-    memory = "peak memory" if cuda else "peak RSS growth"
-    print(f"\n| row | precision | seq/s | real tokens/s | model TFLOP/s | MFU | {memory} | "
-          "loss | vs HF |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        if r.missing is not None:
-            print(f"| {r.label} | {r.precision} | {r.missing} | | | | | | |")
-            continue
-        base = hf.get(r.precision)
-        seq = r.rate(r.sequences)
-        ratio = f"{seq / base.rate(base.sequences):.2f}x" if base else ""
-        print(f"| {r.label} | {r.precision} | {seq:,.2f} | {r.rate(r.tokens):,.0f} | "
-              f"{r.rate(r.flops) / 1e12:.3f} | {r.rate(r.flops) / rate[r.precision]:.0%} | "
-              f"{_gib(r.peak_bytes)} | {r.loss:.4f} | {ratio} |")
+def table_row(r: Result, hf: Result | None, rate: float) -> str:
+    """A row's line of the table: its speed against `hf` (the HF row of its precision measured
+    before it, if any) and its MFU against the dense matmul `rate` of its precision."""
+    if r.missing is not None:
+        return f"| {r.label} | {r.precision} | {r.missing} | | | | | | |"
+    seq = r.rate(r.sequences)
+    ratio = f"{seq / hf.rate(hf.sequences):.2f}x" if hf else ""
+    return (f"| {r.label} | {r.precision} | {seq:,.2f} | {r.rate(r.tokens):,.0f} | "
+            f"{r.rate(r.flops) / 1e12:.3f} | {r.rate(r.flops) / rate:.0%} | "
+            f"{_gib(r.peak_bytes)} | {r.loss:.4f} | {ratio} |")
