@@ -283,43 +283,42 @@ def install_bundle(bundle: Path, python: str, site: Path, env: dict) -> list[str
                 or hashlib.sha256(path.read_bytes()).hexdigest() != f["sha256"]:
             raise CheckError(f"--bundle {bundle}: {f['path']} is missing or not the file the "
                              f"bundle was made with (size or sha256 differ)")
+    stamp = site / ".bundle.json"
+    if stamp.is_file() and stamp.read_text() != text:
+        shutil.rmtree(site)  # another bundle's packages
     target = meta["target"]
-    probe = subprocess.run([python, "-c", "import platform, torch; print(platform.python_version(),"
-                            " torch.__version__)"], capture_output=True, text=True, env=env)
+    wheels = [(bundle / f["path"], f) for f in meta["files"] if f["path"].endswith(".whl")]
+    probe = subprocess.run(  # the interpreter's Python and torch, and which wheels it has
+        [python, "-c", "import importlib.metadata as m, json, platform, sys\n"
+         "def v(n):\n try: return m.version(n)\n except m.PackageNotFoundError: return None\n"
+         "print(json.dumps([platform.python_version(), {n: v(n) for n in sys.argv[1:]}]))",
+         "torch", *(f["name"] for _, f in wheels)], capture_output=True, text=True, env=env)
     if probe.returncode != 0:
-        raise CheckError(f"{python} cannot import torch: "
+        raise CheckError(f"{python} does not run: "
                          f"{(probe.stderr.strip().splitlines() or ['?'])[-1]}")
-    py, torch_version = probe.stdout.split()
+    py, installed = json.loads(probe.stdout)
+    torch_version = installed.pop("torch") or "none"
     if py.rsplit(".", 1)[0] != target["python"] \
             or torch_version.split("+")[0].rsplit(".", 1)[0] != target["torch"].rsplit(".", 1)[0]:
         raise CheckError(f"--bundle {bundle} was made for Python {target['python']} and torch "
                          f"{target['torch']}; this interpreter has Python {py} and torch "
                          f"{torch_version} (make gpu-bundle --python/--torch for it)")
-    wheels = [(bundle / f["path"], f) for f in meta["files"] if f["path"].endswith(".whl")]
-    stamp = site / ".bundle.json"
-    if stamp.is_file() and stamp.read_text() != text:
-        shutil.rmtree(site)  # another bundle's packages
-    have = subprocess.run(
-        [python, "-c", "import importlib.metadata as m, json, sys\n"
-         "def v(n):\n try: return m.version(n)\n except m.PackageNotFoundError: return None\n"
-         "print(json.dumps({n: v(n) for n in sys.argv[1:]}))", *(f["name"] for _, f in wheels)],
-        capture_output=True, text=True, env=env, check=True)
-    installed = json.loads(have.stdout)
     missing = [(path, f) for path, f in wheels if installed[f["name"]] is None]
     present = [f"{f['name']} {installed[f['name']]}" for _, f in wheels
                if installed[f["name"]] is not None]
     lines = [f"bundle: {bundle} ({sum(f['bytes'] for _, f in files) / 2**20:.1f} MiB, made "
              f"{meta['made']} for Python {target['python']}, torch {target['torch']})"]
+    start = time.perf_counter()
     if missing:
         done = subprocess.run([python, "-m", "pip", "install", "--no-index", "--no-deps",
-                               "--disable-pip-version-check", "--quiet", "--upgrade", "--target",
-                               str(site), *(str(p) for p, _ in missing)],
+                               "--no-compile", "--disable-pip-version-check", "--quiet",
+                               "--upgrade", "--target", str(site), *(str(p) for p, _ in missing)],
                               capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise CheckError("installing the bundle's wheels failed: "
                              f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
         stamp.write_text(text)
-    lines.append("bundle: installed into " + str(site) + ": "
+    lines.append(f"bundle: installed into {site} in {time.perf_counter() - start:.0f} s: "
                  + (", ".join(f"{f['name']} {f['version']}" for _, f in missing) or "nothing")
                  + "; already here: " + (", ".join(present) or "nothing"))
     env["GPU_CHECK_BUNDLED"] = ",".join(f["name"] for _, f in wheels)  # seen by the steps?
