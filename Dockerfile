@@ -9,9 +9,11 @@ FROM ${FROM_IMAGE_NAME}
 
 WORKDIR /workspace/bert
 
-# torch: the base's own (NGC's CUDA build); a base without one takes the wheel from the build
-# context's .whl/ folder (container/build.sh puts the CPU build there), never an index's CUDA
-# build. The glob matches nothing in a context without that folder; pyproject.toml always.
+# torch: the base's own (NGC's CUDA build: it must be 2.11-2.13, pyproject.toml's range, or pip
+# replaces it with PyPI's below; pass such a base as FROM_IMAGE_NAME); a base without one takes
+# the wheel from the build context's .whl/ folder (container/build.sh puts the CPU build there),
+# never an index's CUDA build. The glob matches nothing in a context without that folder;
+# pyproject.toml always.
 COPY pyproject.toml .wh[l]/torch-*.whl /tmp/wheels/
 RUN python -c 'import torch' 2>/dev/null \
  || pip install --no-cache-dir /tmp/wheels/torch-*.whl \

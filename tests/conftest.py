@@ -89,6 +89,22 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@pytest.fixture
+def triton_interpreter():
+    """For a test that runs Triton kernels on the CPU (interpreted: pytest_configure)."""
+    triton = pytest.importorskip("triton")
+    if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 7):
+        pytest.skip(f"triton {triton.__version__}'s CPU interpreter calls int() on one-element "
+                    "numpy arrays, which numpy 2 rejects (fixed in triton 3.7.1)")
+
+
+@pytest.fixture
+def triton_path(monkeypatch, triton_interpreter):
+    """The kernel functions take their Triton path (interpreted) for CPU tensors."""
+    from bertperf.kernels import backend
+    monkeypatch.setattr(backend, "use_triton", lambda x: True)
+
+
 @pytest.fixture(scope="session")
 def cpu_emulates_bf16() -> bool:
     """Whether this CPU's bf16 matmuls are emulated (no AVX-512 BF16 or AMX: 60x slower than

@@ -713,7 +713,7 @@ def test_each_row_is_printed_and_reported_as_soon_as_it_is_measured(tmp_path, mo
     assert [o for o, _ in before[1:]] == [line + "\n" for line in done[1:]]
     for (o, text), line in zip(before, done, strict=True):
         assert o.endswith(line + "\n") and text.endswith(line + "\n")
-    assert before[0][1].startswith("`python -m bertperf ")
+    assert before[0][1].startswith("`python -m bertperf")  # the command (pytest's own argv here)
     assert "step-time MODEL" not in out
     assert any(line.startswith("every row trained on the same") for line in out.splitlines())
     assert report.read_text().count("| bertperf: + packed |") == 1

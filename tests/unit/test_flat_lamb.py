@@ -15,18 +15,11 @@ import pytest
 import torch
 from torch import nn
 
-from bertperf.kernels import backend
 from bertperf.optim import (FlatLamb, Lamb, LinearWarmupPolyDecay, clipped_step, lr_at,
                             make_optimizer, param_groups)
 from tests.support.lamb import assert_same_state, params_of, step_both, three_groups
 from tests.support.models import tiny_bert
 from tests.support.paths import PYTHONPATH
-
-
-@pytest.fixture
-def triton_path(monkeypatch):
-    """lamb_step takes its Triton kernels (interpreted: tests/conftest.py) for CPU tensors."""
-    monkeypatch.setattr(backend, "use_triton", lambda x: True)
 
 
 @pytest.mark.parametrize("path", ["plain", "triton"])

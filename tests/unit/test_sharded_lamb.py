@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bertperf.errors import UserError
 from bertperf.optim import (DynamicLossScaler, FlatLamb, Lamb, LinearWarmupPolyDecay, ShardedLamb,
                             clipped_step, param_groups)
-from bertperf.optim.sharded_lamb import shard_numel
+from bertperf.optim.sharded_lamb import _all_gather, _reduce_scatter, shard_numel
 from tests.support.models import tiny_bert
 
 STEPS, SAVED_AT, SKIPPED = 6, 3, 4  # steps of a run; the checkpoint's step; the non-finite step
@@ -90,16 +90,16 @@ class Run:
 
 
 def check_collectives(rank: int, world: int) -> bool:
-    """reduce_scatter_single equals all_reduce's slice, all_gather_single works in place (the
+    """ShardedLamb's reduce-scatter equals all_reduce's slice, its all-gather works in place (the
     input a slice of the output), on gloo, for a size that is not a round number."""
     size = 1_001
     x = torch.randn(size * world, generator=torch.Generator().manual_seed(rank))
     whole, shard = x.clone(), torch.empty(size)
     tdist.all_reduce(whole)
-    tdist.reduce_scatter_single(shard, x)
+    _reduce_scatter(shard, x)
     gathered = torch.zeros(size * world)
     gathered[rank * size:(rank + 1) * size] = rank + 1
-    tdist.all_gather_single(gathered, gathered[rank * size:(rank + 1) * size])
+    _all_gather(gathered, gathered[rank * size:(rank + 1) * size])
     return torch.equal(shard, whole[rank * size:(rank + 1) * size]) and torch.equal(
         gathered, torch.arange(1.0, world + 1).repeat_interleave(size))
 
@@ -230,7 +230,7 @@ def test_checkpoint_of_two_ranks_resumes_at_four_and_one(results):
 
 
 def test_gloo_has_the_collectives(results):
-    """reduce_scatter_single and the in-place all_gather_single, as ShardedLamb uses them, give
+    """The reduce-scatter and the in-place all-gather, as ShardedLamb uses them, give
     all_reduce's numbers on gloo at 2 and 4 ranks."""
     assert all(r["collectives"] for world in (2, 4) for r in results[world])
 

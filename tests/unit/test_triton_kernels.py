@@ -57,12 +57,6 @@ def interpreted():
         pytest.fail("Triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py)")
 
 
-@pytest.fixture
-def triton_path(monkeypatch):
-    """Make the kernel functions take the Triton path for CPU tensors (the interpreter)."""
-    monkeypatch.setattr(backend, "use_triton", lambda x: True)
-
-
 def randn(*shape, seed=0, dtype=torch.float32, scale=1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (scale * torch.randn(*shape, generator=g)).to(dtype).requires_grad_()
@@ -98,7 +92,7 @@ def compiles_to_one_graph(fn, *args) -> torch.Tensor:
 
 # ---- bias + GeLU -------------------------------------------------------------------------------
 
-def test_bias_gelu_kernel():
+def test_bias_gelu_kernel(triton_interpreter):
     """Two column blocks (the second partly masked), rows in several row blocks per program."""
     check_fwd_bwd(bias_gelu_triton, bias_gelu_reference, [randn(5, 9, 520), randn(520, seed=1)])
 
@@ -120,7 +114,7 @@ def sublayer_inputs(rows: int = 21, n: int = 48):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.25])
-def test_dropout_add_layer_norm_kernel(p):
+def test_dropout_add_layer_norm_kernel(p, triton_interpreter):
     """Against the reference with the same keep mask (drawn again from the seed)."""
     x, r, w, b, db = sublayer_inputs()
     seed = seed_tensor() if p else None
@@ -191,7 +185,7 @@ def embedding_case(tokens=29, hidden=40, vocab=11, positions=9, id_dtype=torch.i
 
 
 @pytest.mark.parametrize("id_dtype,p", [(torch.int32, 0.1), (torch.int64, 0.0)])
-def test_embedding_layer_norm_kernel(id_dtype, p):
+def test_embedding_layer_norm_kernel(id_dtype, p, triton_interpreter):
     ids, tables = embedding_case(id_dtype=id_dtype)
     seed = seed_tensor() if p else None
     keep = dropout_keep_mask(seed, (len(ids[0]), 40), p) if p else None
@@ -242,7 +236,7 @@ def test_cross_entropy_kernel(dtype, triton_path):
                               full)
 
 
-def test_cross_entropy_op_returns_the_row_log_sum_exp():
+def test_cross_entropy_op_returns_the_row_log_sum_exp(triton_interpreter):
     logits = randn(5, 33)
     loss, lse = cross_entropy_sum_triton(logits, torch.zeros(5, dtype=torch.int64),
                                          torch.ones(5))
@@ -254,7 +248,7 @@ def test_cross_entropy_op_returns_the_row_log_sum_exp():
 
 @pytest.mark.parametrize("options", [dict(), dict(bias_correction=False, tensor_lr=True),
                                      dict(skip_second=True)])
-def test_lamb_kernels_are_lamb(options):
+def test_lamb_kernels_are_lamb(options, triton_interpreter):
     """Step by step against bertperf.optim.lamb.Lamb on a small BERT's parameters, with chunks of
     64 elements so that tensors span several programs; a step skipped on the device (ok False,
     the count as a tensor) leaves everything as Lamb does."""
@@ -302,7 +296,7 @@ def test_lamb_dispatch_and_trust_ratio_edge_cases(triton_path):
 
 # ---- the model on the Triton path ---------------------------------------------------------------
 
-def test_model_on_the_triton_path_equals_the_plain_path(monkeypatch):
+def test_model_on_the_triton_path_equals_the_plain_path(monkeypatch, triton_interpreter):
     """A 2-layer BertForPreTraining (fp32, dropout 0) on a packed batch: with every kernel
     function on its Triton path (interpreted) the loss and every gradient equal the plain path's,
     and each fused op the model calls ran its Triton kernels, forward and backward."""

@@ -195,18 +195,21 @@ def parameters():
     return params, sum(p.numel() for p in model.bert.embeddings.parameters())
 
 
+DDP_BUCKET_CAP_MB = 25
+"""DDP's default bucket_cap_mb (None): the 25 MiB its docstring states, in no public name."""
+
+
 def bucket_gradients(dtype=None, params=None) -> list[list]:
     """DDP's gradient buckets in the order they are all-reduced (gradient-ready order: the
     parameters' reverse), by torch's own bucket assignment with DDP's limits: each bucket's
     gradients (meta tensors), each in `dtype` (default: its parameter's). `params`: the trained
     parameters in definition order (meta tensors; default: all of BERT-large's)."""
     import torch.distributed as dist
-    from torch.nn.parallel.distributed import _DEFAULT_BUCKET_CAP_MB
 
     params = parameters()[0] if params is None else params
     grads = [p if dtype is None else p.to(dtype) for p in reversed(params)]
     indices, _ = dist._compute_bucket_assignment_by_size(
-        grads, [dist._DEFAULT_FIRST_BUCKET_BYTES, _DEFAULT_BUCKET_CAP_MB * 2 ** 20],
+        grads, [dist._DEFAULT_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_MB * 2 ** 20],
         [False] * len(grads))
     return [[grads[i] for i in bucket] for bucket in indices]
 

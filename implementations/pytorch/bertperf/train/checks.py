@@ -93,7 +93,8 @@ def check_fp8(cfg: RunConfig) -> None:
         return
     if importlib.util.find_spec("torchao") is None:
         raise UserError(f"FP8={cfg.train.fp8} trains with torchao's float8 training, which is not "
-                        "installed here (pip install torchao==0.18.0, or make setup)")
+                        "installed here (pip install torchao: 0.18.0 with torch 2.13, 0.17.0 with "
+                        "2.11; or make setup)")
     if cfg.train.fp8 == "1":
         cuda = torch.cuda.is_available() and not on_cpu(cfg)
         if cuda and cfg.dist.local_rank >= torch.cuda.device_count():
