@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bertperf import reaper as bertperf_reaper
 from tests.support import reaper
 from tests.support.paths import SHARED, WIKI_SAMPLE
 
@@ -50,12 +51,12 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(autouse=True)
 def no_process_outlives_its_test(request, monkeypatch):
-    """Every process a test starts carries its tag (tests/support/reaper.py); what is left of them
+    """Every process a test starts carries its tag (bertperf.reaper); what is left of them
     after the test is killed, and fails a test that had passed."""
     tag = f"{os.getpid()}-{next(_test_numbers)}"
     monkeypatch.setenv(reaper.TAG, tag)
     yield
-    killed = reaper.reap(tag)
+    killed = bertperf_reaper.reap(reaper.TAG, tag)
     call = getattr(request.node, "report_call", None)
     if killed and call is not None and call.passed:
         pytest.fail(f"{len(killed)} process(es) outlived the test and were killed: "

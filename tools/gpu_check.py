@@ -9,14 +9,17 @@ fit what is left of `--budget` is "not run: budget", and the rest go on. Output 
 comes; the report (`--report`) is rewritten after every step; `--from STEP` continues that
 report, running STEP and the later steps it does not already hold as passed. Without CUDA it
 goes as far as it can (the environment, the data, the GPU tests collected) and stops with one
-line saying why. Exit status 0 only when every step passed. It imports nothing of bertperf, so
-that its report is written even when the package is broken.
+line saying why. Exit status 0 only when every step passed. Of bertperf it imports only
+bertperf.reaper (the standard library alone), so that its report is written even when the
+package is broken.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import itertools
 import hashlib
 import json
 import os
@@ -33,6 +36,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "implementations" / "pytorch"
+sys.path.insert(0, str(PACKAGE))
+
+from bertperf import reaper  # noqa: E402 (the standard library alone)
+
+TAG = "GPU_CHECK_STEP"
+"""The variable every process of a step carries, to be found when the step ends."""
+STEP_TAGS = itertools.count()
 BUDGET = 480
 """Seconds: one command of 8 minutes, inside a 10-minute command limit with time to spare."""
 BUNDLE = "bundle.json"
@@ -200,10 +210,12 @@ class Outcome:
 
 
 def run(argv: list[str], env: dict, limit: float) -> Outcome:
-    """Run a step in its own process group, its output (stdout and stderr together) printed as
-    it comes; stopped (SIGTERM, then SIGKILL) at `limit` seconds or when this command is."""
+    """Run a step, its output (stdout and stderr together) printed as it comes; stopped at
+    `limit` seconds or when this command is (SIGTERM to its process group, then SIGKILL to every
+    process it started, ranks in sessions of their own included: they carry its tag)."""
+    tag = f"{os.getpid()}-{next(STEP_TAGS)}"
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**env, TAG: tag}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace",
                             start_new_session=True)
     lines: list[str] = []
@@ -215,31 +227,22 @@ def run(argv: list[str], env: dict, limit: float) -> Outcome:
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    returncode = None
     try:
         returncode = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        returncode = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
     finally:
-        stop(proc)
+        left = reaper.reap(TAG, tag, grace=2.0 if returncode is not None else 0.0)
+        proc.wait()
     reader.join(timeout=10)
+    if left:
+        lines.append(f"gpu-check: killed {len(left)} process(es) the step left: "
+                     + "; ".join(p.command[:120] for p in left))
     return Outcome(returncode, time.perf_counter() - start, lines)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """The step's whole process group ended (ranks and compile workers included)."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
 
 
 def record(report: Report, step: Step, outcome: Outcome, notes: Path | None) -> bool:

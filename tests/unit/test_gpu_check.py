@@ -45,10 +45,12 @@ def alive(pid: int) -> bool:
 
 
 def test_a_step_is_stopped_at_its_limit_with_every_process_it_started():
+    """Its own session's too (torch's launcher starts its ranks so)."""
     start = time.perf_counter()
-    outcome = check.run(["bash", "-c", "sleep 60 & echo $!; echo started; wait"], dict(os.environ),
-                        1.0)
+    outcome = check.run(["bash", "-c", "setsid sleep 60 & echo $!; echo started; wait"],
+                        dict(os.environ), 1.0)
     assert outcome.returncode is None and outcome.lines[1] == "started"
+    assert outcome.lines[2].startswith("gpu-check: killed 1 process(es) the step left: sleep 60")
     assert time.perf_counter() - start < 20
     pid = int(outcome.lines[0])
     deadline = time.monotonic() + 5
@@ -57,9 +59,21 @@ def test_a_step_is_stopped_at_its_limit_with_every_process_it_started():
     assert not alive(pid), "the step's background process outlived it"
 
 
-def test_a_finished_step_keeps_its_output_and_status():
-    outcome = check.run(["bash", "-c", "echo one; echo two >&2; exit 3"], dict(os.environ), 30)
-    assert outcome.returncode == 3 and sorted(outcome.lines) == ["one", "two"]
+def test_a_finished_step_keeps_its_output_and_status_and_loses_what_it_left():
+    outcome = check.run(["bash", "-c", "setsid sleep 60 & echo one; echo two >&2; exit 3"],
+                        dict(os.environ), 30)
+    assert outcome.returncode == 3 and sorted(outcome.lines[:2]) == ["one", "two"]
+    assert outcome.lines[2:] == ["gpu-check: killed 1 process(es) the step left: sleep 60"]
+
+
+def test_children_keep_the_pythonpath_they_were_given(tmp_path):
+    """tests/support/paths.PYTHONPATH (a child's) keeps the parent's: make gpu-check's bundle
+    installs beside the environment, on PYTHONPATH."""
+    run = subprocess.run([sys.executable, "-c", "from tests.support.paths import PYTHONPATH; "
+                          "print(PYTHONPATH)"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().split(os.pathsep)[-1] == str(tmp_path)
 
 
 def test_the_report_holds_what_passed_and_is_never_written_over(tmp_path):

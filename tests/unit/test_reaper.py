@@ -1,4 +1,4 @@
-"""tests/support/reaper.py, the guard that no process outlives its test: a process tree that escapes
+"""bertperf.reaper, the guard that no process outlives its test: a process tree that escapes
 its process group and session (as torch's launcher starts its ranks) and one that outlives its
 parent are both found by the tag they inherited and killed; untagged processes are left alone; and a
 test that leaves one behind fails."""
@@ -11,7 +11,8 @@ import sys
 import textwrap
 import time
 
-from tests.support import reaper
+from bertperf import reaper
+from tests.support.reaper import TAG
 from tests.support.paths import ROOT
 
 
@@ -25,33 +26,33 @@ def alive(pid: int) -> bool:
 
 def test_reap_kills_a_tree_that_left_its_session_and_parent(monkeypatch):
     tag = f"reaper-test-{os.getpid()}"
-    monkeypatch.setenv(reaper.TAG, tag)
+    monkeypatch.setenv(TAG, tag)
     # a shell in its own session starts two sleepers and exits: they are orphans
     subprocess.run(["setsid", "bash", "-c", "sleep 300 & sleep 301 &"], check=True)
     untagged = subprocess.Popen(["sleep", "302"], env={"PATH": os.environ["PATH"]})
     try:
         deadline = time.monotonic() + 5  # until both children have exec'd sleep
         while True:
-            found = reaper.tagged(tag)
+            found = reaper.tagged(TAG, tag)
             commands = sorted(p.command for p in found)
             if commands == ["sleep 300", "sleep 301"] or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
         assert commands == ["sleep 300", "sleep 301"]
-        killed = reaper.reap(tag, grace=0.2)
+        killed = reaper.reap(TAG, tag, grace=0.2)
         assert sorted(p.command for p in killed) == ["sleep 300", "sleep 301"]
-        assert not any(alive(p.pid) for p in found) and not reaper.tagged(tag)
+        assert not any(alive(p.pid) for p in found) and not reaper.tagged(TAG, tag)
         assert alive(untagged.pid)
     finally:
-        reaper.reap(tag, grace=0)
+        reaper.reap(TAG, tag, grace=0)
         untagged.kill()
         untagged.wait()
 
 
 def test_a_process_that_ends_within_the_grace_is_not_reported(monkeypatch):
-    monkeypatch.setenv(reaper.TAG, "reaper-grace")
+    monkeypatch.setenv(TAG, "reaper-grace")
     subprocess.Popen(["sleep", "0.3"])
-    assert reaper.reap("reaper-grace", grace=3.0) == []
+    assert reaper.reap(TAG, "reaper-grace", grace=3.0) == []
 
 
 def test_multiprocessing_helpers_of_the_test_process_are_not_leftovers(monkeypatch):
@@ -60,13 +61,13 @@ def test_multiprocessing_helpers_of_the_test_process_are_not_leftovers(monkeypat
     import multiprocessing
     from multiprocessing import resource_tracker
 
-    monkeypatch.setenv(reaper.TAG, "reaper-helpers")
+    monkeypatch.setenv(TAG, "reaper-helpers")
     resource_tracker.ensure_running()
     tracker = resource_tracker._resource_tracker._pid
     if tracker is None:
         with multiprocessing.get_context("spawn").Pool(1) as pool:
             pool.map(abs, [1])
-    assert reaper.reap("reaper-helpers", grace=0.2) == []
+    assert reaper.reap(TAG, "reaper-helpers", grace=0.2) == []
 
 
 def test_a_test_that_leaves_a_process_behind_fails(tmp_path):
@@ -90,4 +91,4 @@ def test_a_test_that_leaves_a_process_behind_fails(tmp_path):
     assert "2 passed, 1 error" in run.stdout and "ERROR at teardown of test_leaks" in run.stdout
     assert "process(es) outlived the test and were killed: pid" in run.stdout
     assert "sleep 303" in run.stdout
-    assert not [p for p in reaper.tagged(os.environ[reaper.TAG]) if "303" in p.command]
+    assert not [p for p in reaper.tagged(TAG, os.environ[TAG]) if "303" in p.command]
