@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,36 @@ def test_throttled_link_limits_the_rate_and_bf16_trains_across_it(data, tmp_path
         assert comm["metadata"]["steps"] == 8 and comm["metadata"]["reduction"] == "bf16"
         # rank 0's end sent at least the payload the trainer counted (and the headers)
         assert sent_bytes(link, 1) - before >= comm["metadata"]["world_bytes"] / 2
+
+
+STOPPED = """
+import sys, time
+from pathlib import Path
+from bertperf.bench.comm import SlowLink
+with SlowLink(1e6) as link:
+    link.start([sys.executable, "-c", "import time; time.sleep(300)"], {}, Path(sys.argv[1]))
+    print(link.prefix, flush=True)
+    time.sleep(300)
+"""
+
+
+def test_sigterm_leaves_no_rank_and_no_namespace(tmp_path):
+    """`bench comm` stopped by SIGTERM (as `timeout` stops it) while ranks train across the link:
+    the ranks (each in a session of its own, in a namespace) are killed and the namespaces and
+    their /etc/netns folders removed."""
+    from bertperf import reaper
+    from bertperf.bench.comm import TAG
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED, str(tmp_path)], text=True,
+                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": PYTHONPATH})
+    prefix = proc.stdout.readline().strip()
+    assert prefix, proc.communicate()
+    deadline = time.monotonic() + 30
+    while len(reaper.tagged(TAG, prefix)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(reaper.tagged(TAG, prefix)) >= 2  # both ranks run
+    proc.terminate()
+    assert proc.wait(timeout=60) == 143
+    assert reaper.tagged(TAG, prefix) == []
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix not in namespaces
+    assert not any(p.name.startswith(prefix) for p in Path("/etc/netns").glob("*"))

@@ -20,12 +20,14 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bertperf import reaper
 from bertperf.bench import cpu_name
 from bertperf.config import GRAD_COMMS as MODES
 from bertperf.errors import UserError
@@ -79,10 +81,15 @@ def _run(*cmd: str) -> None:
         raise UserError(f"{' '.join(cmd)}: {r.stderr.strip() or r.stdout.strip()}")
 
 
+TAG = "BENCH_COMM_LINK"
+"""The variable every rank started on a link carries (its namespaces' prefix)."""
+
+
 class SlowLink:
     """Two namespaces <prefix>n1/n2 joined by a veth pair (eth0 in each, 10.232.<x>.1 and .2,
     names n1 and n2 in /etc/netns/<ns>/hosts), both ends limited to `rate_bits` with tbf.
-    A context manager: everything is removed on exit."""
+    A context manager: on exit, SIGTERM's included (it unwinds as SystemExit while the link
+    exists), the ranks started on it are killed and everything is removed."""
 
     def __init__(self, rate_bits: float) -> None:
         self.rate_bits = rate_bits
@@ -96,6 +103,7 @@ class SlowLink:
         return f"{self.prefix}n{node}"
 
     def __enter__(self) -> SlowLink:
+        self.sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         try:
             hosts = "127.0.0.1 localhost\n" + "".join(
                 f"{a} n{k}\n" for k, a in enumerate(self.addresses, 1))
@@ -124,6 +132,8 @@ class SlowLink:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        reaper.reap(TAG, self.prefix, grace=0)
+        signal.signal(signal.SIGTERM, self.sigterm)
         for undo in reversed(self.made):
             if undo[0] == "rm":
                 shutil.rmtree(undo[1], ignore_errors=True)
@@ -145,7 +155,7 @@ class SlowLink:
         for k in (1, 2):
             renv = {**env, "RANK": str(k - 1), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                     "MASTER_ADDR": self.addresses[0], "MASTER_PORT": str(port),
-                    "GLOO_SOCKET_IFNAME": "eth0"}
+                    "GLOO_SOCKET_IFNAME": "eth0", TAG: self.prefix}
             with open(out / f"rank{k}.txt", "w") as f:
                 procs.append(subprocess.Popen(self.command(k, argv), env=renv, stdout=f,
                                               stderr=subprocess.STDOUT,
