@@ -69,16 +69,18 @@ _test_numbers = itertools.count()
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """small_disk(name, kib): a folder on a tmpfs of that size, which fills as a real disk does
-    (ENOSPC); unmounted after the test. Mounting needs root (CI runs as root)."""
+    """small_disk(name, kib, read_only=False): a folder on a tmpfs of that size, which fills as a
+    real disk does (ENOSPC), or refuses every write (EROFS); unmounted after the test. Mounting
+    needs root (CI runs as root)."""
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("a small tmpfs (a disk that fills) needs root to mount")
     mounts = []
 
-    def make(name: str, kib: int) -> Path:
+    def make(name: str, kib: int, read_only: bool = False) -> Path:
         path = tmp_path / name
         path.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)],
+        options = f"size={kib}k" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
                               capture_output=True, text=True)
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")

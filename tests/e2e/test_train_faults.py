@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.support.copy_task import (MAX_PRED, VOCAB, add_manifests, copy_task, make_dataset,
-                                     tiny_bert_config)
+                                     packed_copy, tiny_bert_config)
 from tests.support.net import free_port
 from tests.support.runs import base_env
 
@@ -85,6 +85,78 @@ def test_truncated_shard_and_missing_shard(data, tmp_path):
     (folder / "part_1.h5").unlink()
     result = run(base_env(data, tmp_path, 1), tmp_path)
     assert result.returncode == 1 and str(folder) in error_line(result.stderr)
+
+
+EARLIER = ":::MLLOG an earlier run's log\n"
+
+
+def test_a_truncated_shard_leaves_an_earlier_log_alone(data, tmp_path):
+    """Found before the MLPerf log opens: the earlier log at its path stays as it was, none is
+    written beside it, and the console has the one error line."""
+    log = tmp_path / "result_0.txt"
+    log.write_text(EARLIER)
+    shard = Path(data["DATADIR_PHASE2"]) / "part_1.h5"
+    with open(shard, "r+b") as f:
+        f.truncate(1000)
+    result = run(base_env(data, tmp_path, 1), tmp_path)
+    assert result.returncode == 1
+    lines = [l for l in result.stderr.splitlines() if not l.startswith("warning: ")]
+    assert lines == [error_line(result.stderr)]
+    assert lines[0].startswith(f"bertperf: error: rank 0: {shard}: size 1000 != "), lines[0]
+    assert log.read_text() == EARLIER and sorted(tmp_path.glob("result_0.txt*")) == [log]
+
+
+@pytest.mark.parametrize("case", ["no manifest", "vocab", "eval format", "masked_lm_prob"])
+def test_data_problems_are_found_before_the_log_opens(data, tmp_path, case):
+    """Each is one error naming the file; an earlier log at the log's path stays as it was and
+    none is written beside it (loop.main in this process)."""
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train import loop
+    log = tmp_path / "result_0.txt"
+    log.write_text(EARLIER)
+    folder = Path(data["DATADIR_PHASE2"])
+    env, named = base_env(data, tmp_path, 1), folder / "part_0.h5"
+    if case == "no manifest":  # every shard's header is read (not only the first)
+        named = folder / "part_1.h5"
+        with open(named, "r+b") as f:
+            f.truncate(1000)
+        (folder / "MANIFEST.json").unlink()
+    elif case == "vocab":
+        small = tmp_path / "small_vocab.json"
+        small.write_text(json.dumps({**json.loads(Path(data["BERT_CONFIG"]).read_text()),
+                                     "vocab_size": 8}))
+        env["BERT_CONFIG"], named = str(small), Path(data["EVAL_FILE"])
+    elif case == "eval format":
+        env["EVAL_FILE"] = str(named)
+    else:  # rows of up to 3 samples of 4 masked tokens; at 1 % a row would hold at most 3
+        env = {**packed_copy(env, tmp_path / "packed"), "MASKED_LM_PROB": "0.01"}
+        named = tmp_path / "packed" / "part_0.h5"
+    with pytest.raises(UserError) as err:
+        loop.main(config.load(env))
+    assert str(named) in str(err.value) and "\n" not in str(err.value)
+    assert log.read_text() == EARLIER and sorted(tmp_path.glob("result_0.txt*")) == [log]
+
+
+def test_a_shard_damaged_past_the_checks_ends_the_log_aborted(data, tmp_path, capsys):
+    """DATA_VERIFY=none: a truncated shard no check reads is found when the loader reads it,
+    mid-run: the log ends with run_stop aborted, and the earlier log is kept beside it, said on
+    the console."""
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train import loop
+    log = tmp_path / "result_0.txt"
+    log.write_text(EARLIER)
+    shard = Path(data["DATADIR_PHASE2"]) / "part_1.h5"
+    with open(shard, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(UserError) as err:
+        loop.main(config.load({**base_env(data, tmp_path, 1), "DATA_VERIFY": "none"}))
+    assert str(shard) in str(err.value)
+    assert (tmp_path / "result_0.txt.1").read_text() == EARLIER
+    assert f"MLPerf log {log}: the earlier log there is kept as {log}.1" in capsys.readouterr().err
+    assert "run_start" in [k for k, _ in keys(log)]
+    assert [(k, m.get("status")) for k, m in keys(log)][-1] == ("run_stop", "aborted")
 
 
 def test_truncated_eval_set_is_refused(data, tmp_path):
@@ -217,7 +289,10 @@ def test_launch_names_the_rank_that_died(data, tmp_path):
 
 def test_launch_quotes_the_rank_that_failed_first(data, tmp_path):
     """A shard only rank 1 hashes is corrupt: rank 0 fails after it ("on another rank"), and the
-    last line quotes rank 1's own error."""
+    last line quotes rank 1's own error; both before the MLPerf log opens, so an earlier log
+    there stays as it was."""
+    log = tmp_path / "result_0.txt"
+    log.write_text(EARLIER)
     shard = Path(data["DATADIR_PHASE2"]) / "part_1.h5"
     raw = bytearray(shard.read_bytes())
     raw[-100] ^= 0xFF
@@ -229,6 +304,7 @@ def test_launch_quotes_the_rank_that_failed_first(data, tmp_path):
     last = [l for l in result.stderr.splitlines() if l.startswith("bertperf: error:")][-1]
     assert re.fullmatch(rf"bertperf: error: rank 1 \(local rank 1, pid \d+\) exited with status "
                         rf"1: rank 1: {re.escape(str(shard))}: md5 .*", last), last
+    assert log.read_text() == EARLIER and sorted(tmp_path.glob("result_0.txt*")) == [log]
 
 
 def test_sigterm_logs_an_aborted_run(data, tmp_path):

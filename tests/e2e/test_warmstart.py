@@ -66,7 +66,7 @@ def test_config_that_does_not_fit_the_checkpoint_is_named(env, tmp_path):
     assert result.returncode == 1
     errors = [l for l in result.stderr.splitlines() if l.startswith("bertperf: error:")]
     assert len(errors) == 1 and "model.ckpt-7" in errors[0], result.stderr[-2000:]
-    assert "run_start" not in [e["key"] for e in events(tmp_path / "result_0.txt")]
+    assert not (tmp_path / "result_0.txt").exists()  # found before the MLPerf log opens
 
 
 def test_missing_init_checkpoint_is_refused_at_config_time(env, tmp_path):

@@ -52,10 +52,10 @@ def trainer_for(env: dict, tmp_path: Path, **extra: str):
     from bertperf.config import load
     from bertperf.mlperf.log import MLPerfLogger
     from bertperf.train.checks import prepare
-    from bertperf.train.loop import setup
+    from bertperf.train.loop import read_inputs, setup
     cfg = load({**env, **extra, "MLLOG_FILE": str(tmp_path / "log.txt")})
     assert cfg.data.layout is None  # the folder says packed
-    trainer = setup(prepare(cfg), MLPerfLogger(cfg.log_path, echo=False))
+    trainer = setup(read_inputs(prepare(cfg)), MLPerfLogger(cfg.log_path, echo=False))
     assert trainer.cfg.data.layout == "packed"
     return trainer
 

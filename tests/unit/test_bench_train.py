@@ -432,6 +432,20 @@ def test_help_starts_without_torch():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("flag, value, least", [
+    ("--batch", "0", 1), ("--steps", "0", 1), ("--layers", "0", 1), ("--warmup", "-1", 0)])
+def test_sizes_below_their_least_are_one_line_before_anything_runs(monkeypatch, capsys, flag,
+                                                                    value, least):
+    """0 is a value, not "unset": it is refused, not replaced by the default (which ran a whole
+    benchmark)."""
+    from bertperf.__main__ import main
+    from bertperf.bench import train
+    monkeypatch.setattr(train, "load_steps", lambda *args: pytest.fail("the benchmark ran"))
+    assert main(["bench", "train", "--synthetic", flag, value]) == 1
+    assert capsys.readouterr().err == \
+        f"bertperf: error: {flag} must be at least {least}, got {value}\n"
+
+
 def small_bench(tmp_path, packed: bool):
     """Two steps of two rows of real shards (written by data.synthetic) for a 1-layer tiny
     BERT."""

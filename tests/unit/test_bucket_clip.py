@@ -177,13 +177,13 @@ def trainer_rank(rank: int, env: dict, runs: list[tuple[str, str, int]], out: Pa
     from bertperf.config import load
     from bertperf.mlperf.log import MLPerfLogger
     from bertperf.train.checks import prepare
-    from bertperf.train.loop import setup, train_step
+    from bertperf.train.loop import read_inputs, setup, train_step
     torch.set_num_threads(1)
     for switch, flat, port in runs:
         cfg = prepare(load({**env, "CLIP_BEFORE_ALLREDUCE": switch, "FLAT_LAMB": flat, "RANK": str(rank),
                     "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank), "MASTER_PORT": str(port)}))
-        trainer = setup(cfg, MLPerfLogger(out / f"log_{switch}{flat}_{rank}.txt", rank=rank,
-                                          echo=False))
+        log = MLPerfLogger(out / f"log_{switch}{flat}_{rank}.txt", rank=rank, echo=False)
+        trainer = setup(read_inputs(cfg), log)
         micro = [next(trainer.batches) for _ in range(GA)]
         want = {before: reference_step(trainer, micro, before) for before in (True, False)}
         train_step(trainer, micro)

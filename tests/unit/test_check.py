@@ -721,3 +721,39 @@ def test_paths_from_any_folder_leave_it_untouched(tmp_path, capsys, monkeypatch,
     assert sorted(p.name for p in (org / "results" / "sys" / "bert").iterdir()) == \
         [f"result_{i}.txt" for i in range(10)]
     assert sorted(p.name for p in (org / "systems").iterdir()) == ["sys.json"]
+
+
+def test_a_log_that_repeats_another_is_refused_by_submission_and_check(tmp_path, capsys,
+                                                                       monkeypatch):
+    """Ten copies of one log passed `submission --division open` and `check --submission` (the
+    package checker checks seeds only in the closed division). A copy is the same bytes, or the
+    same run (init_start and run_start at the same times) edited: `submission` refuses it in one
+    line, `check --submission` FAILs its results folder (row "runs"); ten runs pass."""
+    committed = sorted((ROOT / "results").glob("*/bert/result_*.txt"), key=C.natural_key)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for i, log in enumerate(committed):
+        shutil.copy(committed[0] if i in (0, 3) else log, runs / log.name)
+    edited = committed[0].read_text().replace('"1xCPU (2 cores)"', '"2xCPU (4 cores)"')
+    assert edited != committed[0].read_text()
+    (runs / "result_7.txt").write_text(edited)
+    assert [(a.name, b.name, how) for a, b, how in C.repeated_runs(sorted(runs.iterdir()))] == [
+        ("result_3.txt", "result_0.txt", "the same bytes"),
+        ("result_7.txt", "result_0.txt",
+         "the same run: init_start and run_start at the same times")]
+    rc, _, err = cli(["submission", "--run-dir", str(runs), "--org", "Org", "--system", "sys",
+                      "--out", str(tmp_path / "out"), "--division", "open"], capsys)
+    assert (rc, err) == (1, f"bertperf: error: result log {runs / 'result_3.txt'} repeats "
+                            f"{runs / 'result_0.txt'} (the same bytes): a bert submission needs "
+                            "10 separate runs\n")
+    assert not (tmp_path / "out").exists()
+
+    org = tmp_path / "Org"
+    shutil.copytree(runs, org / "results" / "sys" / "bert")
+    monkeypatch.setattr(C, "run_tool", lambda module, args, workdir: (0, "", 0.0))  # the tools
+    (row,) = [r for r in C.run_checks(submissions=[org]) if r.check == "runs"]
+    assert (row.target, row.verdict, row.detail) == (
+        str(org / "results" / "sys" / "bert"), FAIL,
+        "result_3.txt repeats result_0.txt (the same bytes) (and 1 more)")
+    assert C.check_runs(committed[0].parent) == Result(
+        "runs", str(committed[0].parent), PASS, "10 logs, 10 runs")

@@ -177,14 +177,17 @@ def saved(tmp_path_factory, data) -> Path:
 
 
 def test_wrong_shape_is_one_line_error_naming_the_file(tmp_path, data, saved):
+    """Another model shape is told by the checkpoint's fingerprint (its BertConfig) before the
+    run's log opens."""
     cfg = json.loads(Path(data["BERT_CONFIG"]).read_text())
     wider = tmp_path / "wider.json"
     wider.write_text(json.dumps({**cfg, "hidden_size": 48}))
     proc = cli(base_env({**data, "BERT_CONFIG": str(wider)}, tmp_path, RESUME_FROM=str(saved)))
     assert proc.returncode == 1
     lines = [l for l in proc.stderr.splitlines() if not l.startswith("warning: ")]
-    assert len(lines) == 1 and lines[0].startswith(f"bertperf: error: checkpoint {saved}: tensor ")
-    assert "(32,)" in lines[0] or "32)" in lines[0], lines[0]
+    assert lines == [f"bertperf: error: checkpoint {saved}: saved with model.hidden_size=32, this "
+                     "run has 48; an exact resume needs the same settings"]
+    assert not (tmp_path / "log.txt").exists()
 
 
 def test_truncated_checkpoint_is_one_line_error(tmp_path, data, saved):
@@ -223,8 +226,8 @@ def test_auto_resumes_from_the_newest_checkpoint_that_loads(tmp_path, monkeypatc
     assert len(losses) == 1  # from step 2 (16 samples) to 24 samples
     said = [l for l in err.splitlines() if l.startswith("RESUME_FROM=auto: ")]
     assert len(said) == 1, err
-    assert said[0].startswith(f"RESUME_FROM=auto: checkpoint {ck / file_name(4)}: damaged, "
-                              "cannot be read (truncated or corrupt: ")
+    assert said[0].startswith(f"RESUME_FROM=auto: checkpoint {ck / file_name(4)}: cannot be "
+                              "read (not a checkpoint of tensors: ")
     assert f"; checkpoint {ck / file_name(3)}: damaged, cannot be read" in said[0]
     assert said[0].endswith(f"; resuming from the newest checkpoint that loads, {good}")
     assert f"resuming from {good}: step 2, 16 samples trained" in err
@@ -296,3 +299,60 @@ def test_other_settings_and_missing_file_are_errors(tmp_path, monkeypatch, capsy
         capsys.readouterr().err
     log = (tmp_path / "o" / "log.txt").read_text()
     assert '"key": "resumed"' not in log and log.count('"key": "run_start"') == 1
+
+
+
+def test_checkpoints_are_refused_before_the_log_opens(tmp_path, data, saved):
+    """What can be told of RESUME_FROM's and INIT_CHECKPOINT's file before the run's MLPerf log
+    opens is told then: an earlier log at that path stays as it was, none is written beside it."""
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train import loop
+    earlier = tmp_path / "log.txt"
+    earlier.write_text(":::MLLOG an earlier run's log\n")
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(saved.read_bytes()[:4000])
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    cases = [({"RESUME_FROM": str(cut)}, f"checkpoint {cut}: damaged, cannot be read"),
+             ({"RESUME_FROM": str(saved), "BATCHSIZE": "8"},
+              f"checkpoint {saved}: saved with BATCHSIZE=4, this run has 8"),
+             ({"RESUME_FROM": str(saved), "LAYERWISE": "1:8,2"},
+              f"checkpoint {saved}: made without LAYERWISE, which this run sets to '1:8,2'; unset "
+              "it to resume"),
+             ({"RESUME_FROM": str(saved), "MAX_SAMPLES_TERMINATION": "16"},
+              f"checkpoint {saved}: the run already ended there (step 2, 16 samples)"),
+             ({"INIT_CHECKPOINT": str(junk)}, f"init checkpoint {junk}: cannot be read"),
+             ({"INIT_CHECKPOINT": str(cut)}, f"init checkpoint {cut}: damaged, cannot be read")]
+    for change, message in cases:
+        with pytest.raises(UserError) as err:
+            loop.main(config.load(base_env(data, tmp_path, **change)))
+        assert str(err.value).startswith(message), change
+        assert earlier.read_text() == ":::MLLOG an earlier run's log\n", change
+        assert sorted(p.name for p in tmp_path.glob("log.txt*")) == ["log.txt"], change
+
+
+def test_a_problem_found_after_the_log_opens_ends_it_aborted(tmp_path, capsys, data, saved):
+    """A checkpoint whose settings match but whose model misses a tensor is found only when the
+    model loads it, after the log opened: the log ends with run_stop aborted, and the earlier
+    log at that path is kept beside it, which the console says."""
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train import loop
+    state = torch.load(saved, weights_only=True)
+    del state["model"]["cls.predictions.bias"]
+    bad = tmp_path / "bad.pt"
+    torch.save(state, bad)
+    earlier = tmp_path / "log.txt"
+    earlier.write_text(":::MLLOG an earlier run's log\n")
+    with pytest.raises(UserError) as err:
+        loop.main(config.load(base_env(data, tmp_path, RESUME_FROM=str(bad))))
+    assert str(err.value) == f"checkpoint {bad}: has no tensor cls.predictions.bias (a different " \
+                             "model?)"
+    assert (tmp_path / "log.txt.1").read_text() == ":::MLLOG an earlier run's log\n"
+    assert f"MLPerf log {earlier}: the earlier log there is kept as {earlier}.1" in \
+        capsys.readouterr().err
+    events = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in earlier.read_text().splitlines()]
+    assert events[1]["key"] == "init_start" and "run_start" not in [e["key"] for e in events]
+    assert (events[-1]["key"], events[-1]["metadata"]["status"]) == ("run_stop", "aborted")
+

@@ -173,6 +173,11 @@ def test_bad_flags(tmp_path, vocab_file, corpus, capsys):
                                        "takes files (a folder of part files goes to --input_dir, "
                                        "with --output_dir)\n")
     assert not (tmp_path / "o.hdf5").exists()
+    folder = tmp_path / "out"
+    folder.mkdir()
+    assert create(vocab_file, [corpus], [folder]) == 1
+    assert capsys.readouterr().err == (f"bertperf: error: {folder}: is a folder, expected the "
+                                       "name of a file to write\n")
 
 
 # ---- eval --------------------------------------------------------------------------------------

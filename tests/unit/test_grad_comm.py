@@ -261,6 +261,18 @@ def test_mode_on_two_ranks(tmp_path, case):
      r"POWERSGD_START=5 is before the end of the LR warm-up \(step 10"),
     ({"GRAD_COMM": "powersgd", "POWERSGD_RANK": "0"}, "POWERSGD_RANK must be at least 1"),
     ({"GRAD_COMM": "localsgd", "LOCALSGD_PERIOD": "0"}, "LOCALSGD_PERIOD must be at least 1"),
+    ({"GRAD_COMM": "powersgd", "POWERSGD_RANK": "100000"},
+     r"^POWERSGD_RANK=100000: PowerSGD sends a gradient as P and Q only where they are 2x "
+     r"smaller than it, and none of BERT_CONFIG .*'s is at this rank: every gradient would go "
+     r"whole \(POWERSGD_RANK at most 11\)$"),
+    ({"GRAD_COMM": "powersgd_bf16", "POWERSGD_RANK": "12"}, "POWERSGD_RANK at most 11"),
+    ({"GRAD_COMM": "localsgd", "LOCALSGD_PERIOD": "1000"},
+     r"^LOCALSGD_PERIOD=1000: the ranks step alone for the last 50 of MAX_STEPS=50 steps \(from "
+     r"LOCALSGD_START, or the end of the LR warm-up\), too few for this period: their "
+     r"parameters would be averaged after the first of those steps and never again "
+     r"\(LOCALSGD_PERIOD below 50\)$"),
+    ({"GRAD_COMM": "localsgd", "LOCALSGD_START": "40", "LOCALSGD_PERIOD": "10"},
+     "the last 10 of MAX_STEPS=50 steps"),
 ])
 def test_refused_in_one_line(tmp_path, change, message):
     from bertperf.config import load
@@ -269,6 +281,34 @@ def test_refused_in_one_line(tmp_path, change, message):
     with pytest.raises(UserError, match=message) as exc:
         prepare(load(env))
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("change", [
+    {"GRAD_COMM": "powersgd", "POWERSGD_RANK": "11"},
+    {"GRAD_COMM": "localsgd", "LOCALSGD_PERIOD": "49"},
+    {"GRAD_COMM": "localsgd", "LOCALSGD_START": "40", "LOCALSGD_PERIOD": "9"},
+])
+def test_the_last_settings_that_compress_or_average_pass(tmp_path, change):
+    """The copy task's model (hidden 32, intermediate 64, 32 words): its qkv gradient (96 x
+    32) is still compressed at rank 11; local SGD from step 41 of 50 still averages at steps
+    41 and 50 with a period of 9."""
+    from bertperf.config import load
+    from bertperf.train.checks import prepare
+    prepare(load(env_for(tmp_path, SUBMISSION_DIVISION="open", **change)))
+
+
+def test_compressing_rank_is_torchs_decision():
+    """comm.compressing_rank agrees with torch's PowerSGD hook on which gradients it
+    compresses, at the rate we give it."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    from bertperf.train.comm import MIN_COMPRESSION_RATE, compressing_rank
+    for n, m in [(30528, 1024), (4096, 1024), (1024, 1024), (2, 128), (96, 32), (512, 128)]:
+        top = compressing_rank([(n, m)])
+        for rank in range(1, 600):
+            compressed = _should_compress(n, m, min(n, m, rank), MIN_COMPRESSION_RATE)[0]
+            assert compressed == (rank <= top), (n, m, rank)
+    assert compressing_rank([(30528, 1024), (2, 1024)]) == 495  # BERT-large: its embeddings
 
 
 def test_one_rank_no_effect_and_fingerprint(tmp_path):

@@ -90,6 +90,27 @@ def test_bad_settings_are_one_line_errors(tmp_path, data, extra, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_stage_longer_than_the_run_is_refused(tmp_path, data):
+    """Stages before the last that outlast MAX_STEPS leave the whole model untrained: refused
+    (an error, not a warning: the last stage must be the whole model, and MAX_STEPS, unlike
+    MAX_SAMPLES_TERMINATION, cannot grow on a resume). 16 steps of 8: the last stage begins at
+    the step after its samples, so 120 samples before it still give it step 16."""
+    from bertperf import config
+    from bertperf.errors import UserError
+    from bertperf.train.checks import prepare
+    with pytest.raises(UserError) as err:
+        prepare(config.load(base_env(data, tmp_path, LAYERWISE="1:1000000,4")))
+    assert str(err.value) == (
+        "LAYERWISE='1:1000000,4': the stages before the last take 1000000 samples, but "
+        "MAX_STEPS=16 steps of 8 end the run before the last stage, the whole model, trains a "
+        "step (at most 120 samples before it)")
+    with pytest.raises(UserError, match="the stages before the last take 121 samples"):
+        prepare(config.load(base_env(data, tmp_path, LAYERWISE="2:100,3:21,4")))
+    prepare(config.load(base_env(data, tmp_path, LAYERWISE="2:100,3:20,4")))
+    # a run stopped early by MAX_SAMPLES_TERMINATION (to be resumed) may end inside a stage
+    prepare(config.load(base_env(data, tmp_path, MAX_SAMPLES_TERMINATION="8")))
+
+
 def test_copy_sources_stack_the_top_layers():
     from bertperf.train.layerwise import copy_sources
     assert copy_sources(3, 6) == {3: 0, 4: 1, 5: 2}
@@ -219,12 +240,17 @@ def test_a_checkpoint_of_other_stages_is_refused_in_one_line(tmp_path, monkeypat
     from bertperf.train import loop
     from bertperf.train.checkpoint import file_name
     run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck"),
-                              MAX_STEPS="6"))
-    env = base_env(data, tmp_path / "b", LAYERWISE="3:40,4", MAX_STEPS="6",
+                              MAX_SAMPLES_TERMINATION="48"))  # 6 steps: stage 3 never reached
+    env = base_env(data, tmp_path / "b", LAYERWISE="3:40,4",
                    RESUME_FROM=str(tmp_path / "ck" / file_name(6)))
     with pytest.raises(UserError) as err:
         loop.main(config.load(env))
     assert "saved with LAYERWISE='2:40,3:24,4', this run has '3:40,4'" in str(err.value)
+    with pytest.raises(UserError) as err:  # the setting named, not the model's first tensor
+        loop.main(config.load({**env, "LAYERWISE": ""}))
+    assert str(err.value) == (f"checkpoint {tmp_path / 'ck' / file_name(6)}: made with "
+                              "LAYERWISE='2:40,3:24,4', which this run leaves unset; set it to "
+                              "resume")
 
 
 def test_packed_compiled_run_compiles_once_per_stage(packed_env, tmp_path, monkeypatch):

@@ -42,6 +42,16 @@ def test_png_is_written_atomically(tmp_path):
     assert [p.name for p in png.parent.iterdir()] == ["curves.png"]
 
 
+def test_an_output_that_is_a_folder_is_named(tmp_path):
+    """--output naming a folder: one line naming it (not the temporary name written beside it)."""
+    folder = tmp_path / "pngs"
+    folder.mkdir()
+    with pytest.raises(UserError) as err:
+        plot_log(write_log(tmp_path / "result_0.txt"), folder)
+    assert str(err.value) == f"{folder}: is a folder, expected the name of a file to write"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pngs", "result_0.txt"]
+
+
 def test_bad_logs_are_one_line_errors(tmp_path):
     with pytest.raises(UserError, match="no such MLPerf log"):
         read_curves(tmp_path / "missing.txt")

@@ -252,6 +252,7 @@ def test_the_switch_comes_from_the_environment(tmp_path, monkeypatch):
     from bertperf.mlperf.log import MLPerfLogger
     from bertperf.train import loop
     cfg = prepare(config.load({**env, "SHARDED_LAMB": "1", "DEVICE": "cpu"}))
-    trainer = loop.setup(cfg, MLPerfLogger(tmp_path / "log.txt", rank=0, echo=False))
+    trainer = loop.setup(loop.read_inputs(cfg), MLPerfLogger(tmp_path / "log.txt", rank=0,
+                                                               echo=False))
     plan = trainer.plan
     assert isinstance(plan.optimizer, ShardedLamb) and plan.model is plan.core

@@ -61,6 +61,10 @@ def test_reference_eval_interval():
     ({"DIST_TIMEOUT": "0"}, "^DIST_TIMEOUT must be a number of seconds > 0, got 0.0$"),
     ({"DIST_TIMEOUT": "soon"}, "DIST_TIMEOUT='soon' is not a valid float"),
     ({"MASTER_PORT": "70000"}, "^MASTER_PORT must be a TCP port, 1-65535, got 70000$"),
+    ({"SEED": "-1"}, r"^SEED must be in \[0, 2\*\*32 - 1\] \(what numpy's and torch's generators "
+                     r"both take\), got -1$"),
+    ({"SEED": str(2**32)}, r"^SEED must be in \[0, 2\*\*32 - 1\] .*, got 4294967296$"),
+    ({"SEED": str(2**64 + 1)}, r"^SEED must be in \[0, 2\*\*32 - 1\]"),
 ])
 def test_config_errors_are_one_line(tmp_path, change, message):
     from bertperf.config import load
@@ -68,6 +72,62 @@ def test_config_errors_are_one_line(tmp_path, change, message):
     with pytest.raises(UserError, match=message) as err:
         load(env_for(tmp_path, **change))
     assert "\n" not in str(err.value)
+
+
+def test_a_path_of_the_wrong_kind_is_said_so(tmp_path):
+    """A setting naming a file where a folder is expected, or the reverse, says what the path is
+    and what is expected (not "does not exist")."""
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    env = env_for(tmp_path)
+    a_file = Path(env["EVAL_FILE"])
+    for change, message in [
+        ({"DATADIR_PHASE2": str(a_file)},
+         f"training data folder {a_file} (DATADIR_PHASE2 / --train-dir) is a file, not a folder"),
+        ({"EVAL_FILE": str(tmp_path)},
+         f"eval file {tmp_path} (EVAL_FILE / --eval-file) is a folder, not a file"),
+        ({"RESUME_FROM": str(tmp_path)},
+         f"checkpoint {tmp_path} (RESUME_FROM / --resume-from) is a folder, not a file "
+         "(RESUME_FROM=auto takes the newest checkpoint in CHECKPOINT_DIR)"),
+    ]:
+        with pytest.raises(UserError) as err:
+            load({**env, **change})
+        assert str(err.value) == message
+
+
+def test_an_output_folder_that_is_a_file_is_named(tmp_path):
+    """LOGDIR, MLLOG_FILE's folder or CHECKPOINT_DIR naming a file, or a path through one: one
+    line naming the setting, from train.checks.prepare (so `train --check` too)."""
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    from bertperf.train.checks import prepare
+    env = env_for(tmp_path)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for change, message in [
+        ({"LOGDIR": str(a_file)}, f"LOGDIR {a_file}: is a file, not a folder"),
+        ({"MLLOG_FILE": str(a_file / "r.txt")},
+         f"MLLOG_FILE's folder {a_file}: is a file, not a folder"),
+        ({"CHECKPOINT_DIR": str(a_file / "ck")},
+         f"CHECKPOINT_DIR {a_file / 'ck'}: cannot be made: {a_file} is a file"),
+    ]:
+        with pytest.raises(UserError) as err:
+            prepare(load({**env, **change}))
+        assert str(err.value) == message
+
+
+def test_a_read_only_checkpoint_dir_is_refused_before_the_run(tmp_path, small_disk):
+    """CHECKPOINT_DIR on a read-only file system (its first checkpoint would come at the end of
+    the run): refused before the data is read and before the MLPerf log opens."""
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    from bertperf.train import loop
+    ro = small_disk("ro", 64, read_only=True)
+    with pytest.raises(UserError) as err:
+        loop.main(load(env_for(tmp_path, CHECKPOINT_DIR=str(ro / "ck"))))
+    assert str(err.value) == (f"CHECKPOINT_DIR {ro / 'ck'}: cannot be made: {ro} is on a "
+                              "read-only file system")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_plan_takes_the_lamb_flat_lamb_says(tmp_path, monkeypatch):
@@ -282,7 +342,11 @@ def test_settings_that_run_badly_draw_a_warning(tmp_path, monkeypatch):
     slowdown measured there); fp32, and a CPU that has the instructions, draw none."""
     from bertperf.config import load
     from bertperf.train import checks
-    env = env_for(tmp_path)
+
+    def load(env, load=load):
+        return checks.prepare(load(env))
+
+    env = env_for(tmp_path, EVAL_ITER_SAMPLES="200")  # 50 steps of 4: an eval at the last
     assert checks.run_warnings(load({**env, "LR": "1e9"})) == [
         "LR=1e+09 is above 1: LAMB moves every tensor by LR times its own norm a step, so this "
         "run will diverge (MLPerf's recipes use 1e-4 to 4e-3)"]
@@ -299,6 +363,47 @@ def test_settings_that_run_badly_draw_a_warning(tmp_path, monkeypatch):
     assert checks.run_warnings(load({**env, "PRECISION": "fp16", "DEVICE": "cpu"})) == []
 
 
+def test_misspelt_variables_and_lone_layerwise_options_draw_a_hint(tmp_path, monkeypatch,
+                                                                   capsys):
+    """A variable named like a setting but none (difflib), and LAYERWISE's options without
+    LAYERWISE: one warning line each, from `train` and `train --check`, also before an error they
+    may explain. Warnings, not errors: a shell carries other programs' variables and earlier
+    runs' ones (LAYERWISE unset for a baseline, its options still exported), and a misspelling
+    of an optional setting leaves a valid run. Settings' own names, empty variables and the
+    launchers' and shells' variables draw none."""
+    from bertperf.__main__ import main
+    from bertperf.config import environment_warnings
+    env = env_for(tmp_path)
+    assert environment_warnings({**env, "BATCHSZIE": "8", "GRAD_COMMS": "bf16",
+                                 "LAYERWIZE": "1:8,2"}) == [
+        "BATCHSZIE is not a setting; did you mean BATCHSIZE?",
+        "GRAD_COMMS is not a setting; did you mean GRAD_COMM?",
+        "LAYERWIZE is not a setting; did you mean LAYERWISE?"]
+    assert environment_warnings({
+        **env, "EVAL_BATCHSIZE": "8", "BATCHSZIE": "", "RANK": "0", "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0", "SLURM_PROCID": "0", "OMPI_COMM_WORLD_SIZE": "1",
+        "OMP_NUM_THREADS": "1", "DGXNGPU": "2", "PATH": "/bin", "LAYERWISE": "1:8,2",
+        "LAYERWISE_TRAIN": "new"}) == []
+    assert environment_warnings({**env, "LAYERWISE_TRAIN": "new"},
+                                {"layerwise.layerwise_init": "fresh"}) == [
+        "LAYERWISE_INIT, LAYERWISE_TRAIN without LAYERWISE: ignored (the whole model trains from "
+        "the first step)"]
+    for key, value in {**env, "BATCHSIZE": "", "BATCHSZIE": "4",
+                       "MLLOG_FILE": str(tmp_path / "log.txt")}.items():
+        monkeypatch.setenv(key, value)
+    assert main(["train", "--check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: BATCHSZIE is not a setting; did you mean BATCHSIZE?",
+        "bertperf: error: BATCHSIZE is required (environment variable or flag)"]
+    monkeypatch.setenv("BATCHSIZE", "4")
+    monkeypatch.setenv("LAYERWISE_INIT", "fresh")
+    assert main(["train", "--check"]) == 0
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "warning: BATCHSZIE is not a setting; did you mean BATCHSIZE?",
+        "warning: LAYERWISE_INIT without LAYERWISE: ignored (the whole model trains from the "
+        "first step)"]
+
+
 def test_matmul_slowdown_tells_an_emulating_cpu():
     """The probe agrees with the CPU's flags: x86 without avx512_bf16 or amx_bf16 emulates
     bf16 matmuls, far slower than fp32 (60x on the 2-core AVX2 EPYC the suite runs on)."""
@@ -313,8 +418,69 @@ def test_matmul_slowdown_tells_an_emulating_cpu():
     assert (matmul_slowdown(torch.bfloat16) > SLOW_PRECISION) == (not has_bf16)
 
 
+def test_a_run_that_ends_before_its_first_eval_draws_a_warning(tmp_path):
+    """A warning, not an error: such runs are legal and made on purpose (the committed loss
+    curve, a checkpoint test's first half, a timing run), but a run that logs no eval has no
+    MLPerf result, and `--check` would otherwise promise an eval the run never reaches. It
+    names the cap that ends the run first."""
+    from bertperf.config import load
+    from bertperf.train.checks import prepare, run_warnings
+    env = env_for(tmp_path, EVAL_ITER_START_SAMPLES="320", EVAL_ITER_SAMPLES="320")
+    assert run_warnings(prepare(load({**env, "MAX_SAMPLES_TERMINATION": "10"}))) == [
+        "MAX_SAMPLES_TERMINATION=10 ends the run at step 3, after 12 samples, before its first "
+        "eval at 320 (EVAL_ITER_START_SAMPLES, EVAL_ITER_SAMPLES): the run will log no eval, so "
+        "no MLPerf result"]
+    assert run_warnings(prepare(load(env))) == [
+        "MAX_STEPS=50 ends the run at step 50, after 200 samples, before its first eval at 320 "
+        "(EVAL_ITER_START_SAMPLES, EVAL_ITER_SAMPLES): the run will log no eval, so no MLPerf "
+        "result"]
+    assert run_warnings(prepare(load({**env, "EVAL_ITER_START_SAMPLES": "200"}))) == []
+
+
+def test_settings_the_run_would_not_use_are_refused(tmp_path):
+    """A warm-up that ends at or after MAX_STEPS (the LR never reaches its peak), and an eval set
+    of another max_seq_length than the training shards (a padded file says its own; NVIDIA's
+    variable-length one is read, and a longer sample tells): one line from `prepare`, before
+    any log; the limits themselves pass."""
+    from bertperf.config import load
+    from bertperf.data.synthetic import synthetic_samples
+    from bertperf.errors import UserError
+    from bertperf.formats import nvidia
+    from bertperf.formats.padded import write_samples
+    from bertperf.train.checks import prepare
+    env = env_for(tmp_path)
+    model = Path(env["BERT_CONFIG"])  # positions for 32 tokens: the data's length decides
+    model.write_text(json.dumps({**json.loads(model.read_text()), "max_position_embeddings": 32}))
+    with pytest.raises(UserError) as err:
+        prepare(load({**env, "WARMUP_STEPS": "100", "MAX_STEPS": "20"}))
+    assert str(err.value) == (
+        "the LR warm-up (WARMUP_STEPS=100, START_WARMUP_STEP=0, WARMUP_PROPORTION=0) ends at step "
+        "100, not before MAX_STEPS=20: the LR would never reach its peak, LR=0.01")
+    for warmup in ({"WARMUP_STEPS": "20"}, {"WARMUP_PROPORTION": "1"},
+                   {"WARMUP_STEPS": "25", "START_WARMUP_STEP": "-5"}):
+        with pytest.raises(UserError, match="ends at step 20, not before MAX_STEPS=20"):
+            prepare(load({**env, "MAX_STEPS": "20", **warmup}))
+    prepare(load({**env, "WARMUP_STEPS": "19", "MAX_STEPS": "20"}))
+
+    samples = copy_task(8, seed=3)
+    write_samples(tmp_path / "eval32.hdf5", samples, np.arange(8), 2 * MSL, 4, VOCAB)
+    with pytest.raises(UserError) as err:
+        prepare(load({**env, "EVAL_FILE": str(tmp_path / "eval32.hdf5")}))
+    train = Path(env["DATADIR_PHASE2"])
+    assert str(err.value) == (
+        f"EVAL_FILE {tmp_path / 'eval32.hdf5'} has max_seq_length 32, but the training shards' "
+        f"is 16 ({train / 'part_0.h5'}): make both with one max_seq_length")
+    nvidia.write_varlen(tmp_path / "nvidia.hdf5", samples)
+    prepare(load({**env, "EVAL_FILE": str(tmp_path / "nvidia.hdf5")}))
+    nvidia.write_varlen(tmp_path / "nvidia32.hdf5", synthetic_samples(8, 3, 2 * MSL, 4, VOCAB))
+    with pytest.raises(UserError, match=r"nvidia32.hdf5 holds sequences of 32 tokens, but the "
+                                        r"training shards' max_seq_length is 16 "):
+        prepare(load({**env, "EVAL_FILE": str(tmp_path / "nvidia32.hdf5")}))
+
+
 @pytest.mark.parametrize("change, message", [
     ({"LR": "-1"}, "LR must be > 0"),
+    ({"SEED": "-1"}, "SEED must be in [0, 2**32 - 1]"),
     ({"OPT_LAMB_BETA_1": "2"}, "OPT_LAMB_BETA_1 must be in [0, 1)"),
     ({"DEVICE": "cuda"}, "DEVICE=cuda needs a CUDA device, and torch "),
 ])
@@ -509,11 +675,11 @@ def test_setup_logs_hyperparameters_and_schedule(tmp_path):
     from bertperf.mlperf.log import MLPerfLogger
     from bertperf.optim import lr_at
     from bertperf.train.checks import prepare
-    from bertperf.train.loop import setup, train_step
+    from bertperf.train.loop import read_inputs, setup, train_step
     cfg = prepare(load(env_for(tmp_path, GRADIENT_STEPS="2", WARMUP_PROPORTION="0.1",
                                PREFETCH="0")))
     log_path = tmp_path / "log.txt"
-    trainer = setup(cfg, MLPerfLogger(log_path, echo=False))
+    trainer = setup(read_inputs(cfg), MLPerfLogger(log_path, echo=False))
     lines = [json.loads(l.split(":::MLLOG ", 1)[1]) for l in log_path.read_text().splitlines()]
     values = {l["key"]: l["value"] for l in lines}
     assert values["global_batch_size"] == 8 and values["gradient_accumulation_steps"] == 2

@@ -9,6 +9,7 @@ are run_and_time.sh's; BATCHSIZE, LR and MAX_STEPS have none there and are requi
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -169,8 +170,8 @@ class OptimConfig:
     max_steps: int | None = setting("MAX_STEPS", int, curve=True, doc="""
         Optimizer steps of the LR schedule; the run aborts after this many (required).""")
     warmup_steps: float = setting("WARMUP_STEPS", float, 0.0, curve=True, doc="""
-        Linear warm-up, in optimizer steps (a whole number); 0 means int(MAX_STEPS *
-        WARMUP_PROPORTION) from step 0.""")
+        Linear warm-up, in optimizer steps (a whole number; it must end before MAX_STEPS); 0
+        means int(MAX_STEPS * WARMUP_PROPORTION) from step 0.""")
     warmup_proportion: float = setting("WARMUP_PROPORTION", float, 0.0, curve=True, doc="""
         Warm-up as a fraction of MAX_STEPS, used only when WARMUP_STEPS is 0.""")
     start_warmup_step: float = setting("START_WARMUP_STEP", float, 0.0, curve=True, doc="""
@@ -218,13 +219,15 @@ class OptimConfig:
         one rank.""")
     powersgd_rank: int = setting("POWERSGD_RANK", int, 4, curve=True, doc="""
         GRAD_COMM=powersgd*: the rank of PowerSGD's approximation of each weight gradient
-        (1-4 typical; higher sends more and approximates better).""")
+        (1-4 typical; higher sends more and approximates better; one at which no gradient of
+        the model is sent compressed is refused).""")
     powersgd_start: int | None = setting("POWERSGD_START", int, curve=True, doc="""
         GRAD_COMM=powersgd*: the optimizer step from which gradients are compressed (plain
         all-reduce before); unset: the end of the LR warm-up (at least 2); an earlier step is
         refused.""")
     localsgd_period: int = setting("LOCALSGD_PERIOD", int, 8, curve=True, doc="""
-        GRAD_COMM=localsgd: steps between two averagings of the parameters over all ranks.""")
+        GRAD_COMM=localsgd: steps between two averagings of the parameters over all ranks
+        (below the steps from LOCALSGD_START to MAX_STEPS).""")
     localsgd_start: int | None = setting("LOCALSGD_START", int, curve=True, doc="""
         GRAD_COMM=localsgd: the optimizer step from which nodes step alone (DDP's all-reduce
         before); unset: the end of the LR warm-up.""")
@@ -249,7 +252,8 @@ class TrainConfig:
     target_accuracy: float = setting("TARGET_MLM_ACCURACY", float, TARGET_ACCURACY, doc="""
         Masked-LM accuracy at which the run stops with status success.""")
     seed: int = setting("SEED", int, 0, curve=True, doc="""
-        Seed of model init, dropout and data order.""")
+        Seed of model init, dropout and data order: 0 to 2**32 - 1 (what numpy's and torch's
+        generators both take).""")
     precision: str = setting("PRECISION", str, "fp32", curve=True, doc="""
         fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling). Meant for GPUs: on a
         CPU without bf16/fp16 matmul instructions they are emulated, many times slower than
@@ -340,7 +344,8 @@ class LayerwiseConfig:
         may end in :all or :new to override LAYERWISE_TRAIN for itself, e.g.
         "3:50000,6:70000,12" (progressive stacking 3 -> 6 -> 12) or
         "4:20000,8:20000,12:40000,12:all" (MSLT, then the whole model). A stage begins at the first step after the
-        samples of the earlier ones are trained. Needs SUBMISSION_DIVISION=open.""")
+        samples of the earlier ones are trained; the last must begin within MAX_STEPS. Needs
+        SUBMISSION_DIVISION=open.""")
     layerwise_train: str = setting("LAYERWISE_TRAIN", str, "all", curve=True, doc="""
         Which parameters a stage after the first trains: "all" (progressive stacking) or "new"
         (MSLT: only the layers the stage adds, the pooler and the heads; the embeddings, with
@@ -392,7 +397,7 @@ def layerwise_stages(text: str) -> list[tuple[int, int | None, str | None]]:
 
 def _validate_layerwise(cfg: RunConfig) -> None:
     """LAYERWISE_* values, the stages' syntax and the open division (the last stage against the
-    model: train.checks.check_run)."""
+    model, the stages against MAX_STEPS: train.checks.check_run)."""
     lw = cfg.layerwise
     for key, value, allowed in (("LAYERWISE_TRAIN", lw.layerwise_train, LAYERWISE_TRAIN),
                                 ("LAYERWISE_INIT", lw.layerwise_init, LAYERWISE_INIT),
@@ -610,6 +615,8 @@ def _check_numbers(cfg: RunConfig) -> None:
          ">= 0 steps"),
         ("LOCALSGD_START", o.localsgd_start, o.localsgd_start is None or o.localsgd_start >= 0,
          ">= 0 steps"),
+        ("SEED", t.seed, 0 <= t.seed < 2**32,
+         "in [0, 2**32 - 1] (what numpy's and torch's generators both take)"),
     )
     for key, value, ok, wanted in rules:
         if not ok:
@@ -636,6 +643,33 @@ def warnings(cfg: RunConfig) -> list[str]:
     return out
 
 
+MISSPELLING_CUTOFF = 0.85
+"""difflib's similarity ratio from which a variable that is no setting counts as a misspelling of
+one (environment_warnings): BATCHSZIE 0.89, GRAD_COMMS 0.95, LAYERWIZE 0.89; the launchers' and
+shells' own variables (RANK, WORLD_SIZE, SLURM_*, OMPI_*, OMP_NUM_THREADS, PATH, ...) stay
+below 0.7."""
+
+
+def environment_warnings(environ: Mapping[str, str],
+                         flags: Mapping[str, str] | None = None) -> list[str]:
+    """What the variables (and flags, as `load` takes them) set that no setting reads: a variable
+    named like a setting but none (a misspelling), LAYERWISE's options without LAYERWISE.
+    Warnings, not errors: a shell carries other programs' variables and earlier runs' ones."""
+    names = sorted(f.metadata["env"] for _, f in tunables())
+    out = []
+    for var in sorted(environ):
+        close = difflib.get_close_matches(var, names, n=1, cutoff=MISSPELLING_CUTOFF)
+        if environ[var] != "" and var not in names and close:
+            out.append(f"{var} is not a setting; did you mean {close[0]}?")
+    given = {f.metadata["env"] for section, f in tunables()
+             if environ.get(f.metadata["env"], "") != "" or f"{section}.{f.name}" in (flags or {})}
+    options = sorted(given & {f.metadata["env"] for f in fields(LayerwiseConfig)} - {"LAYERWISE"})
+    if options and "LAYERWISE" not in given:
+        out.append(f"{', '.join(options)} without LAYERWISE: ignored (the whole model trains "
+                   "from the first step)")
+    return out
+
+
 def validate(cfg: RunConfig) -> None:
     """One-line UserErrors for what would fail later (or silently do the wrong thing)."""
     if cfg.train.device not in DEVICES:
@@ -649,11 +683,11 @@ def validate(cfg: RunConfig) -> None:
         if value < 1:
             raise UserError(f"{key} must be at least 1, got {value}")
     _check_numbers(cfg)
-    if cfg.data.train_dir is None or not cfg.data.train_dir.is_dir():
+    if why := _path_problem(cfg.data.train_dir, "folder"):
         raise UserError(f"training data folder {cfg.data.train_dir} (DATADIR_PHASE2 / --train-dir)"
-                        " does not exist")
-    if cfg.data.eval_file is None or not cfg.data.eval_file.is_file():
-        raise UserError(f"eval file {cfg.data.eval_file} (EVAL_FILE / --eval-file) does not exist")
+                        f" {why}")
+    if why := _path_problem(cfg.data.eval_file, "file"):
+        raise UserError(f"eval file {cfg.data.eval_file} (EVAL_FILE / --eval-file) {why}")
     if cfg.data.loader_split not in LOADER_SPLITS:
         raise UserError(f"LOADER_SPLIT must be one of {', '.join(LOADER_SPLITS)}, "
                         f"not {cfg.data.loader_split!r}")
@@ -694,6 +728,18 @@ def validate(cfg: RunConfig) -> None:
     _validate_layerwise(cfg)
 
 
+def _path_problem(path: Path | None, want: str) -> str | None:
+    """None when `path` is an existing `want` ("file" or "folder"); else "does not exist", or
+    what it is instead."""
+    if path is None or not path.exists():
+        return "does not exist"
+    if want == "folder" and not path.is_dir():
+        return "is a file, not a folder"
+    if want == "file" and not path.is_file():
+        return "is a folder, not a file"
+    return None
+
+
 def _validate_checkpoint(ck: CheckpointConfig) -> None:
     """CHECKPOINT_* / RESUME_FROM checks (kept apart from the rest of validate)."""
     if ck.checkpoint_every < 0:
@@ -703,5 +749,7 @@ def _validate_checkpoint(ck: CheckpointConfig) -> None:
     if ck.resume_from == "auto":
         if ck.checkpoint_dir is None:
             raise UserError("RESUME_FROM=auto needs CHECKPOINT_DIR (--checkpoint-dir)")
-    elif ck.resume_from is not None and not Path(ck.resume_from).is_file():
-        raise UserError(f"checkpoint {ck.resume_from} (RESUME_FROM / --resume-from) does not exist")
+    elif ck.resume_from is not None and (why := _path_problem(Path(ck.resume_from), "file")):
+        auto = " (RESUME_FROM=auto takes the newest checkpoint in CHECKPOINT_DIR)" \
+            if Path(ck.resume_from).is_dir() else ""
+        raise UserError(f"checkpoint {ck.resume_from} (RESUME_FROM / --resume-from) {why}{auto}")

@@ -778,15 +778,17 @@ def measure_rows(args: argparse.Namespace, keys: frozenset[str]) -> None:
         raise UserError("--device cuda: no CUDA device here")
     cuda = device.type == "cuda"
     config = BertConfig.named(args.config)
-    layers = args.layers or (config.num_hidden_layers if cuda else 2)
-    config = replace(config, num_hidden_layers=layers)
-    args.batch = args.batch or (56 if cuda else 8)
-    warmup = 5 if cuda and args.warmup is None else (1 if args.warmup is None else args.warmup)
-    timed = args.steps or (20 if cuda else 3)
+    layers = args.layers if args.layers is not None else (config.num_hidden_layers if cuda else 2)
+    args.batch = args.batch if args.batch is not None else (56 if cuda else 8)
+    warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
+    timed = args.steps if args.steps is not None else (20 if cuda else 3)
     precision = args.precision or ("bf16" if cuda else "both")
     precisions = ("fp32", "bf16") if precision == "both" else (precision,)
-    if timed < 1 or warmup < 0 or args.batch < 1:
-        raise UserError("--steps and --batch must be at least 1, --warmup at least 0")
+    for flag, value, least in (("--layers", layers, 1), ("--batch", args.batch, 1),
+                               ("--warmup", warmup, 0), ("--steps", timed, 1)):
+        if value < least:
+            raise UserError(f"{flag} must be at least {least}, got {value}")
+    config = replace(config, num_hidden_layers=layers)
 
     steps, source, max_len, max_pred = load_steps(args, warmup + timed)
     torch.manual_seed(args.seed)

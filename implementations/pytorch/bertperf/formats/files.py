@@ -47,22 +47,40 @@ def os_error_line(exc: OSError) -> str:
     return f"{' -> '.join(names)}: {reason}" if names and exc.errno is not None else reason
 
 
+def folder_problem(folder: str | os.PathLike) -> str | None:
+    """Why files cannot be written into `folder` (made first where it is missing), in a few
+    words: "is a file, not a folder", "is on a read-only file system", "cannot be made: <the
+    nearest existing path above it> is not writable", ...; None when they can."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    where = "" if existing == folder else f"cannot be made: {existing} "
+    if not existing.is_dir():
+        return f"{where}is a file" + ("" if where else ", not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        return f"{where}is " + ("on a read-only file system" if read_only else "not writable")
+    return None
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.
 
     On any exception (including KeyboardInterrupt) the temporary file is removed, so a final name
     always means a complete file and nothing already at `path` is lost on failure. A full disk
-    (or quota) becomes one UserError naming `path`, whatever library did the writing.
+    (or quota) becomes one UserError naming `path`, whatever library did the writing; so does a
+    `path` that is a folder, or a folder that cannot be written (folder_problem), before the
+    block runs.
     """
     path = Path(path)
     parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"{parent}: cannot create output folder: {exc.strerror}") from None
-    if not os.access(parent, os.W_OK):
-        raise UserError(f"{parent}: output folder is not writable")
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder, expected the name of a file to write")
+    if why := folder_problem(parent):
+        raise UserError(f"{parent}: {why}")
+    parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".{path.name}.tmp-{os.getpid()}"
     try:
         yield tmp

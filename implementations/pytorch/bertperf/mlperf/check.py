@@ -12,6 +12,7 @@ last line."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -372,6 +373,54 @@ def natural_key(path: Path) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
+# ---- the runs behind the logs --------------------------------------------------------------------
+
+def log_events(log: Path) -> list[dict]:
+    """The :::MLLOG events of a log; a line that does not parse is left out (the compliance
+    checker judges the file)."""
+    out = []
+    for line in Path(log).read_text(encoding="latin-1").splitlines():
+        if ":::MLLOG " in line:
+            try:
+                out.append(json.loads(line.split(":::MLLOG ", 1)[1]))
+            except ValueError:
+                pass
+    return out
+
+
+def repeated_runs(logs: Iterable[Path]) -> list[tuple[Path, Path, str]]:
+    """(log, the earlier of `logs` it repeats, how) for each log that is no run of its own: the
+    same bytes as another, or the same run (its init_start and run_start at the same times; a
+    copy edited by hand). The package checker lets such copies through in the open division,
+    where it checks no seeds."""
+    seen: dict[object, Path] = {}
+    out = []
+    for log in logs:
+        times = {e.get("key"): e.get("time_ms") for e in log_events(log)
+                 if e.get("key") in ("init_start", "run_start")}
+        keys = {"the same bytes": hashlib.sha256(Path(log).read_bytes()).hexdigest()}
+        if len(times) == 2:
+            keys["the same run: init_start and run_start at the same times"] = \
+                (times["init_start"], times["run_start"])
+        repeated = next(((seen[key], how) for how, key in keys.items() if key in seen), None)
+        if repeated is not None:
+            out.append((log, *repeated))
+        for key in keys.values():
+            seen.setdefault(key, log)
+    return out
+
+
+def check_runs(folder: Path) -> Result:
+    """Whether the result logs of a results/<system>/bert folder are as many runs."""
+    logs = sorted(Path(folder).glob("result_*.txt"), key=natural_key)
+    repeats = repeated_runs(logs)
+    if not repeats:
+        return Result("runs", str(folder), PASS, f"{len(logs)} logs, {len(logs)} runs")
+    log, first, how = repeats[0]
+    more = f" (and {len(repeats) - 1} more)" if len(repeats) > 1 else ""
+    return Result("runs", str(folder), FAIL, f"{log.name} repeats {first.name} ({how}){more}")
+
+
 # ---- the whole check -----------------------------------------------------------------------------
 
 def _submission_jobs(org: Path, workdir: Path, rcp_bypass: bool) -> list[Callable[[], list[Result]]]:
@@ -381,6 +430,8 @@ def _submission_jobs(org: Path, workdir: Path, rcp_bypass: bool) -> list[Callabl
     results = org / "results"
     for log in sorted(results.glob(f"*/{BENCHMARK}/result_*.txt"), key=natural_key):
         jobs.append(lambda l=log: [_in_package(check_log(l, workdir), org)])
+    for folder in sorted(results.glob(f"*/{BENCHMARK}")):
+        jobs.append(lambda f=folder: [check_runs(f)])
     # package checker then summarizer: both write/delete scaling.json in the same folders
     jobs.append(lambda: [check_package(org, workdir, rcp_bypass)] + summarize(org, workdir,
                                                                             rcp_bypass))

@@ -28,8 +28,8 @@ from typing import Iterable
 
 from bertperf.errors import UserError
 from bertperf.benchmark import BENCHMARK, CLOSED, RESULT_COUNT, RULESET
-from bertperf.mlperf.check import (FAIL, check_log,
-                                   natural_key, tool_version)
+from bertperf.mlperf.check import (FAIL, check_log, log_events, natural_key, repeated_runs,
+                                   tool_version)
 
 # system_desc_checker's required fields (mlperf-logging 4.1.68), in its order
 SYSTEM_FIELDS = (
@@ -273,19 +273,8 @@ def implementation_files(root: Path = REPO) -> list[tuple[Path, Path]]:
 
 # ---- the result logs -----------------------------------------------------------------------------
 
-def _events(log: Path) -> list[dict]:
-    out = []
-    for line in log.read_text(encoding="latin-1").splitlines():
-        if ":::MLLOG " in line:
-            try:
-                out.append(json.loads(line.split(":::MLLOG ", 1)[1]))
-            except ValueError:
-                pass  # the compliance checker has already judged the file
-    return out
-
-
 def log_facts(log: Path) -> dict:
-    ev = _events(log)
+    ev = log_events(log)
 
     def first(key: str):
         return next((e.get("value") for e in ev if e.get("key") == key), None)
@@ -310,7 +299,13 @@ def find_logs(run_dir: Path, pattern: str) -> list[Path]:
 
 
 def vet_logs(logs: list[Path], division: str, allow_one_failed: bool) -> list[str]:
-    """Refuse (UserError naming the log) what the package checker would reject; notes otherwise."""
+    """Refuse (UserError naming the log) what the package checker would reject, and a log that
+    repeats another (check.repeated_runs); notes otherwise."""
+    repeats = repeated_runs(logs)
+    if repeats:
+        log, first, how = repeats[0]
+        raise UserError(f"result log {log} repeats {first} ({how}): a {BENCHMARK} submission "
+                        f"needs {RESULT_COUNT} separate runs")
     with tempfile.TemporaryDirectory(prefix="bertperf-submission-") as tmp:
         with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
             checked = list(pool.map(lambda l: check_log(l, Path(tmp)), logs))

@@ -1,6 +1,7 @@
 """`python -m bertperf convert-ckpt`: Google's TF1 BERT checkpoint (MLPerf's model.ckpt-28252) to a
-PyTorch file, without TensorFlow; and `load_init_checkpoint`, which reads either for training, or
-NVIDIA's conversion of the same checkpoint (`model.ckpt-28252.pt`).
+PyTorch file, without TensorFlow; `load_init_checkpoint`, which reads either for training, or
+NVIDIA's conversion of the same checkpoint (`model.ckpt-28252.pt`); and `read_torch_file`, how
+every checkpoint of ours is read (the trainer's own too: one-line errors).
 
 The converted file is `torch.save` of one dict (loadable with `weights_only=True`):
 
@@ -19,6 +20,7 @@ import argparse
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,11 +67,7 @@ def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torc
     if not path.is_file():
         raise UserError(f"init checkpoint {path}: neither a TF checkpoint prefix ({path}.index) "
                         "nor a PyTorch checkpoint file")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated zip, bad pickle, foreign file: torch raises many kinds
-        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"init checkpoint {path}: unreadable: {detail}") from None
+    saved = read_torch_file(path, "init checkpoint")
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise UserError(f"init checkpoint {path}: not a convert-ckpt or NVIDIA checkpoint "
                         "(no 'model' state dict)")
@@ -90,3 +88,38 @@ def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torc
         raise UserError(f"{source}: tensor {in_file.get(extra[0], extra[0])} is not in this "
                         "model")
     return state_dict
+
+
+def first_sentence(text: str, limit: int = 120) -> str:
+    """The first sentence of `text` on one line, whole words up to `limit` characters."""
+    sentence = " ".join(text.split()).split(". ")[0].rstrip(".")
+    if len(sentence) > limit:
+        sentence = sentence[:limit].rsplit(" ", 1)[0] + " ..."
+    return sentence
+
+
+WEIGHTS_ONLY = "WeightsUnpickler error:"
+"""Where torch's refusal of a file that holds more than tensors gives its cause (the text
+before it advises loading the file with weights_only=False, which a checkpoint never needs)."""
+
+
+def read_torch_file(path: Path, what: str) -> Any:
+    """`torch.load` of `path` onto the CPU, tensors and plain containers only (weights_only);
+    what cannot be read is one UserError "<what> <path>: ...": no such file, a folder, damaged
+    (the cause's first sentence), or not a checkpoint of tensors (weights_only's cause, without
+    torch's advice)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path}: is a folder, expected a file") from None
+    except Exception as exc:  # truncated zip, bad pickle, foreign file: torch raises many kinds
+        text = str(exc)
+        if WEIGHTS_ONLY in text:
+            cause = text.split(WEIGHTS_ONLY, 1)[1].strip().split("\n\n")[0]
+            why = f"cannot be read (not a checkpoint of tensors: {first_sentence(cause)})"
+        else:
+            why = ("damaged, cannot be read (truncated or corrupt: "
+                   f"{first_sentence(text) or type(exc).__name__})")
+        raise UserError(f"{what} {path}: {why}") from None

@@ -15,6 +15,9 @@ when FP8 is on."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -28,15 +31,44 @@ RECIPE = "tensorwise"
 
 _CLASS = None
 
+KNOWN_IMPORT_MESSAGES = {
+    "torchao": re.compile(r"Failed to load \S*_C_(mxfp8|cutlass_90a)\S*\.so\b"),
+    "torch.utils._pytree": re.compile(r"%s is an Enum subclass and is now natively supported"),
+}
+"""{logger: message} that importing torchao logs on every run and that say nothing about FP8
+training here: its MX-format and sm_90a CUTLASS extensions, kernels of other recipes built for
+another Python or CUDA, failing to load; torch deprecating the way torchao registers its enums
+with pytree. Dropped during that import only (`torchao_float8`); every other message passes."""
+
+
+def _known(record: logging.LogRecord) -> bool:
+    """False (drop it) for a record KNOWN_IMPORT_MESSAGES names."""
+    known = KNOWN_IMPORT_MESSAGES.get(record.name)
+    return known is None or known.match(str(record.msg)) is None
+
+
+def torchao_float8() -> tuple[ModuleType, ModuleType]:
+    """torchao.float8's float8_linear and config modules: the one place torchao is imported,
+    without the messages of KNOWN_IMPORT_MESSAGES."""
+    loggers = [logging.getLogger(name) for name in KNOWN_IMPORT_MESSAGES]
+    for logger in loggers:
+        logger.addFilter(_known)
+    try:
+        from torchao.float8 import config, float8_linear
+    finally:
+        for logger in loggers:
+            logger.removeFilter(_known)
+    return float8_linear, config
+
 
 def linear_class():
     """torchao's Float8Linear with a bias-less `gemm` (x @ W^T through the float8 matmul), made
     on first use so that torchao is imported only by runs that ask for FP8."""
     global _CLASS
     if _CLASS is None:
-        from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_args
+        float8_linear = torchao_float8()[0]
 
-        class Fp8Linear(Float8Linear):
+        class Fp8Linear(float8_linear.Float8Linear):
             """A Float8Linear whose bias the model may add itself (`gemm`)."""
 
             def gemm(self, x: torch.Tensor) -> torch.Tensor:
@@ -44,8 +76,8 @@ def linear_class():
                 CUDA autocast the input in autocast's dtype as there)."""
                 if torch.is_autocast_enabled("cuda"):
                     x = x.to(torch.get_autocast_dtype("cuda"))
-                return matmul_with_hp_or_float8_args.apply(x, self.weight.t(),
-                                                            self.linear_mm_config, self.config)
+                return float8_linear.matmul_with_hp_or_float8_args.apply(
+                    x, self.weight.t(), self.linear_mm_config, self.config)
 
         _CLASS = Fp8Linear
     return _CLASS
@@ -55,8 +87,9 @@ def recipe(emulate: bool):
     """torchao's Float8LinearConfig for RECIPE; `emulate`: the float8 casts and scales as on the
     GPU, the matmul in high precision of the dequantized values (CPU tests; torchao's own
     emulation)."""
-    from torchao.float8.config import Float8LinearConfig
-    return dataclasses.replace(Float8LinearConfig.from_recipe_name(RECIPE), emulate=emulate)
+    config = torchao_float8()[1]
+    return dataclasses.replace(config.Float8LinearConfig.from_recipe_name(RECIPE),
+                               emulate=emulate)
 
 
 def convert(encoder: nn.Module, emulate: bool = False) -> int:

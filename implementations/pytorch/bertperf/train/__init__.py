@@ -9,8 +9,9 @@
   evaluation.py  masked-LM accuracy over the whole eval file, from counts summed over ranks
   launch.py      the `launch` subcommand: this node's ranks through torch.distributed's launcher,
                  its failure report as one line naming the rank that failed first
-  loop.py        init (seeds, model, optimizer, schedule, loader, MLPerf init logging) and the
-                 training loop: accumulation, clipped steps, evals, stopping
-  preflight.py   data checks against the manifests and the model's vocab, before any step
-  warmstart.py   INIT_CHECKPOINT and the sanity eval after loading it
+  loop.py        the inputs read and checked before the MLPerf log opens (data, checkpoints),
+                 init (seeds, model, optimizer, schedule, MLPerf init logging) and the training
+                 loop: accumulation, clipped steps, evals, stopping
+  preflight.py   data checks against the manifests and the model's vocab, before the log opens
+  warmstart.py   the sanity eval after loading INIT_CHECKPOINT
 """

@@ -20,6 +20,8 @@ from bertperf import config
 from bertperf.config import CheckpointConfig, RunConfig
 from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
+from bertperf.model.bert_config import BertConfig
+from bertperf.model.convert_cli import read_torch_file
 from bertperf.train.dist import Dist, FollowOnError
 
 FORMAT = "bertperf-checkpoint-4"  # 4: the parts' states by name, the counters as "progress"
@@ -128,10 +130,10 @@ class LossScale:
         self.scaler.load_state_dict(state)
 
 
-def fingerprint(cfg: RunConfig, model: torch.nn.Module) -> dict[str, Any]:
+def fingerprint(cfg: RunConfig, bert: BertConfig) -> dict[str, Any]:
     """What a resumed run must share with the saved one to continue its curve: the settings
-    config.py marks `curve`, and the model's shape and dropout (its BertConfig)."""
-    shape = {f"model.{k}": v for k, v in asdict(model.config).items()}
+    config.py marks `curve`, and the model's shape and dropout (its BertConfig `bert`)."""
+    shape = {f"model.{k}": v for k, v in asdict(bert).items()}
     return {**{k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
                for k, v in shape.items()}, **config.fingerprint(cfg)}
 
@@ -157,9 +159,17 @@ class Fingerprint:
         if product[0] == product[1]:
             keys -= {"BATCHSIZE", "WORLD_SIZE"}
         for key in sorted(keys):
-            if saved.get(key) != mine.get(key):
-                raise UserError(f"saved with {key}={saved.get(key)!r}, this run has "
-                                f"{mine.get(key)!r}; an exact resume needs the same settings")
+            was, now = saved.get(key), mine.get(key)
+            if was == now:
+                continue
+            if now is None:
+                raise UserError(f"made with {key}={was!r}, which this run leaves unset; set it "
+                                "to resume")
+            if was is None:
+                raise UserError(f"made without {key}, which this run sets to {now!r}; unset it "
+                                "to resume")
+            raise UserError(f"saved with {key}={was!r}, this run has {now!r}; an exact resume "
+                            "needs the same settings")
 
 
 def file_name(step: int) -> str:
@@ -174,26 +184,9 @@ def newest_first(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def first_sentence(exc: BaseException, limit: int = 120) -> str:
-    """The first sentence of an exception's message, whole words up to `limit` characters."""
-    text = " ".join(str(exc).split())
-    sentence = text.split(". ")[0].rstrip(".") or type(exc).__name__
-    if len(sentence) > limit:
-        sentence = sentence[:limit].rsplit(" ", 1)[0] + " ..."
-    return sentence
-
-
 def read(path: Path) -> dict[str, Any]:
     """The checkpoint at `path`, upgraded to FORMAT; one-line UserErrors for what cannot be."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UserError(f"checkpoint {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"checkpoint {path}: is a folder, expected a file") from None
-    except Exception as exc:  # truncated zip, bad pickle, foreign file: torch raises many kinds
-        raise UserError(f"checkpoint {path}: damaged, cannot be read (truncated or corrupt: "
-                        f"{first_sentence(exc)})") from None
+    state = read_torch_file(path, "checkpoint")
     found = state.get("format") if isinstance(state, dict) else type(state).__name__
     if found in OLDER:
         state["progress"] = {k: state.pop(k) for k in ("step", "samples", "next_eval")}
@@ -203,8 +196,9 @@ def read(path: Path) -> dict[str, Any]:
 
 
 class Checkpointer:
-    """Saves and resumes a run's parts (CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME_FROM), loaded
-    in their order (the model's shapes, then the run's Fingerprint, before the rest)."""
+    """Saves and resumes a run's parts (CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME_FROM, which
+    `resumable` reads and checks before the run's log opens), loaded in their order (the
+    model's shapes, then the run's Fingerprint, before the rest)."""
 
     def __init__(self, parts: dict[str, Part], settings: CheckpointConfig, dist: Dist,
                  device: torch.device) -> None:
@@ -285,14 +279,24 @@ class Checkpointer:
                             f"{ck.checkpoint_dir} can be read (the newest: {passed[0]})")
         raise UserError(problem)
 
-    def resume(self, report: Callable[[str], None]) -> Path | None:
-        """Init's hook: load RESUME_FROM (a file, or "auto": the newest in CHECKPOINT_DIR that
-        loads) into the parts; the checkpoint, or None for a fresh start."""
-        if self.settings.resume_from is None:
-            return None
-        found = self.pick(report)
-        if found is None:
-            return None
-        path, state = found
-        self.load(path, state)
-        return path
+
+def resumable(cfg: RunConfig, bert: BertConfig, dist: Dist, device: torch.device,
+              report: Callable[[str], None]) -> tuple[Path, dict] | None:
+    """RESUME_FROM's checkpoint and its state, read on every rank (Checkpointer.pick), checked
+    as far as it can be before the run's MLPerf log opens: made with this run's settings and
+    model (its Fingerprint) and not where this run ends already (MAX_STEPS,
+    MAX_SAMPLES_TERMINATION). None for a fresh start. The run's parts load it during init
+    (Checkpointer.load)."""
+    if cfg.checkpoint.resume_from is None:
+        return None
+    progress = Progress()
+    early = Checkpointer({"config": Fingerprint(fingerprint(cfg, bert)), "progress": progress},
+                         cfg.checkpoint, dist, device)
+    found = early.pick(report)
+    if found is not None:
+        early.load(*found)
+        if progress.step >= cfg.optim.max_steps \
+                or progress.samples >= cfg.train.max_samples_termination:
+            raise UserError(f"checkpoint {found[0]}: the run already ended there (step "
+                            f"{progress.step}, {progress.samples} samples); nothing to resume")
+    return found

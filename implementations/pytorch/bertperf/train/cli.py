@@ -9,7 +9,9 @@ import argparse
 import sys
 from dataclasses import MISSING, fields
 
-from bertperf.config import RunConfig, doc, load, process_environment, tunables, yes_no
+from bertperf.config import (RunConfig, doc, environment_warnings, load, process_environment,
+                             tunables, yes_no)
+from bertperf.errors import UserError
 
 
 def default_text(value) -> str | None:
@@ -40,9 +42,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "batch against the RCP range) and print it; run.sub does this first")
 
 
+def warn(lines: list[str]) -> None:
+    """Each line on stderr as a warning."""
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if "." in k}
-    cfg = load(process_environment(), flags)
+    environ = process_environment()
+    hints = environment_warnings(environ, flags)
+    try:
+        cfg = load(environ, flags)
+    except UserError:
+        warn(hints)  # every rank stops here, and a misspelt variable may be why
+        raise
+    if cfg.dist.rank == 0:
+        warn(hints)
     from bertperf.train.launch import reported_to_launcher
     with reported_to_launcher(under_launcher=cfg.dist.launcher_store):
         if not args.check:
@@ -53,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
         from bertperf.train.parallel import reduction_for
         cfg = prepare(cfg)
         if cfg.dist.rank == 0:
-            for line in run_warnings(cfg):
-                print(f"warning: {line}", file=sys.stderr, flush=True)
+            warn(run_warnings(cfg))
         layout = layout_of(cfg)
         gbs = layout.global_batch_size(cfg)
         rows = f" ({cfg.rows_per_step} rows x {cfg.data.packing_factor})" \

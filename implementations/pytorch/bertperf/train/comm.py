@@ -88,12 +88,24 @@ class Compress(Comm):
         return self.torch_hook(None, bucket)
 
 
+MIN_COMPRESSION_RATE = 2
+"""PowerSGD sends a 2-D gradient M (n x m) as its rank-r factors only where they are this many
+times smaller than M, (n + m) r x this < n m (torch's min_compression_rate, its default)."""
+
+
+def compressing_rank(shapes: list[tuple[int, int]]) -> int:
+    """The highest PowerSGD rank at which a gradient of one of these 2-D shapes is still sent
+    compressed (0: none at any rank)."""
+    return max([(n * m - 1) // (MIN_COMPRESSION_RATE * (n + m)) for n, m in shapes], default=0)
+
+
 class PowerSGD(Comm):
     """PowerSGD (Vogels et al. 2019; torch's powerSGD_hook over a PowerSGDState with error
     feedback and warm start): each 2-D gradient M (n x m) whose rank-r factors are at least
-    twice smaller is sent as P (n x r) and Q (m x r), M ~ P Q^T, the others uncompressed in one
-    all-reduce; what the approximation missed (M - P Q^T, per rank) is kept and added to the
-    next step's gradient (error feedback), and Q starts from the last step's (warm start).
+    MIN_COMPRESSION_RATE times smaller is sent as P (n x r) and Q (m x r), M ~ P Q^T, the others
+    uncompressed in one all-reduce; what the approximation missed (M - P Q^T, per rank) is kept
+    and added to the next step's gradient (error feedback), and Q starts from the last step's
+    (warm start).
     Plain all-reduce before POWERSGD_START. `bf16`: the buckets go through it in bf16 (torch's
     bf16_compress_wrapper), P, Q and the error buffer too.
 
@@ -112,8 +124,9 @@ class PowerSGD(Comm):
         super().__init__(cfg, traffic, start)
         self.state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=cfg.optim.powersgd_rank,
-            start_powerSGD_iter=max(2, start), use_error_feedback=True, warm_start=True,
-            orthogonalization_epsilon=1e-8, random_seed=0)
+            start_powerSGD_iter=max(2, start), min_compression_rate=MIN_COMPRESSION_RATE,
+            use_error_feedback=True, warm_start=True, orthogonalization_epsilon=1e-8,
+            random_seed=0)
         self.first_step = True
         self.pending: torch.futures.Future | None = None
         inner = self._hook

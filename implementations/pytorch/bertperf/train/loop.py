@@ -25,14 +25,13 @@ from mlperf_logging.mllog import constants as C  # noqa: N812
 
 from bertperf.benchmark import EVAL_SAMPLES
 from bertperf.config import RunConfig
-from bertperf.errors import UserError
 from bertperf.data.loader import ShardLoader
 from bertperf.data.synthetic import synthetic_samples
 from bertperf.formats.samples import Samples
 from bertperf.kernels import backend
 from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
-from bertperf.model import BatchCounts, BertForPreTraining
+from bertperf.model import BatchCounts, BertConfig, BertForPreTraining
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, mlperf_hparams,
                             resolve_warmup)
 from bertperf.train import checkpoint, layerwise, preflight, warmstart
@@ -117,9 +116,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
-    """Build the run (between init_start and init_stop) from a prepared configuration
-    (train.checks.prepare)."""
+@dataclass
+class Inputs:
+    """What a run reads, checked, before its MLPerf log opens (`read_inputs`): a problem found
+    there leaves an earlier log at the log's path as it was and writes none."""
+
+    cfg: RunConfig
+    """The prepared configuration (train.checks.prepare) with rank 0's SEED."""
+    dist: distributed.Dist
+    device: torch.device
+    bert: BertConfig
+    loader: ShardLoader
+    """This rank's loader over the training shards."""
+    eval_share: Samples
+    """This rank's share of the eval set (train.evaluation.load_eval_share)."""
+    eval_total: int
+    init_weights: dict[str, torch.Tensor] | None
+    """INIT_CHECKPOINT's state dict, checked against `bert`; None without one."""
+    resume: tuple[Path, dict] | None
+    """RESUME_FROM's checkpoint and its state (checkpoint.resumable); None for a fresh start."""
+
+
+def read_inputs(cfg: RunConfig) -> Inputs:
+    """Join the job and read what the run starts from, each checked: the training shards (their
+    headers, and train.preflight's checks), the eval file, INIT_CHECKPOINT and RESUME_FROM's
+    checkpoint (checkpoint.resumable). `cfg` is prepared (train.checks.prepare)."""
     layout = layout_of(cfg)
     device = pick_device(cfg)
     use_tf32(device)
@@ -127,31 +148,46 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
     # one seed for the run: rank 0's (ranks started by `mpirun -np N run_and_time.sh` each draw
     # their own $RANDOM; the loader needs the same epoch order on every rank)
     cfg = replace(cfg, train=replace(cfg.train, seed=dist.from_rank0(cfg.train.seed, device)))
-    seed_everything(cfg.train.seed)  # the same initial weights on every rank
-    core = BertForPreTraining(check_run(cfg)).to(device)
-    if cfg.model.init_checkpoint is not None:
-        warmstart.load_weights(core, cfg.model.init_checkpoint)
-    stages = layerwise.Stages(cfg, core)  # LAYERWISE: the encoder cut to its first stage
-    step = build_step(cfg, dist, device, core)
-    plan, scheduler, scaler = step.plan, step.scheduler, step.scaler
+    bert = check_run(cfg)
     dataset = layout.dataset(cfg.data.train_dir)
     loader = layout.loader(cfg, dataset, dist.rank, dist.world_size)
-    batches = DeviceBatches(loader, device, layout.batch_type)
     eval_share, eval_total = load_eval_share(cfg.data.eval_file, dist.rank, dist.world_size)
     report = rank0_printer(dist.rank)
     warn = rank0_printer(dist.rank, "warning: ")
     if dist.rank == 0:
         for line in layout.warnings(cfg, dataset):
             warn(line)
-    preflight.verify_inputs(dist, device, dataset.files, dataset.packed, cfg.data.eval_file,
-                            eval_share, eval_total, core.config.vocab_size, cfg.data.verify, warn)
+    preflight.verify_inputs(dist, device, loader, cfg.data.eval_file, eval_share, eval_total,
+                            bert.vocab_size, cfg.data.verify, warn)
     if eval_total != EVAL_SAMPLES:
         warn(f"{cfg.data.eval_file}: {eval_total} eval samples; MLPerf's eval set has "
              f"{EVAL_SAMPLES:,}")
+    init_weights = None
+    if cfg.model.init_checkpoint is not None:
+        from bertperf.model.convert_cli import load_init_checkpoint
+        init_weights = load_init_checkpoint(cfg.model.init_checkpoint, bert)
+    return Inputs(cfg, dist, device, bert, loader, eval_share, eval_total, init_weights,
+                  checkpoint.resumable(cfg, bert, dist, device, report))
+
+
+def setup(inputs: Inputs, log: MLPerfLogger) -> Trainer:
+    """Build the run (between init_start and init_stop) from what `read_inputs` read."""
+    cfg, dist, device, loader = inputs.cfg, inputs.dist, inputs.device, inputs.loader
+    layout = layout_of(cfg)
+    seed_everything(cfg.train.seed)  # the same initial weights on every rank
+    core = BertForPreTraining(inputs.bert).to(device)
+    if inputs.init_weights is not None:
+        core.load_state_dict(inputs.init_weights, strict=True)
+    stages = layerwise.Stages(cfg, core)  # LAYERWISE: the encoder cut to its first stage
+    step = build_step(cfg, dist, device, core)
+    plan, scheduler, scaler = step.plan, step.scheduler, step.scaler
+    batches = DeviceBatches(loader, device, layout.batch_type)
+    eval_share = inputs.eval_share
     if cfg.model.init_checkpoint is not None and cfg.model.init_eval:
         warmstart.sanity_eval(lambda: mlm_accuracy(core, eval_share, cfg.train.eval_batch_size,
                                                    dist, device, autocast_for(cfg, device)),
-                              core.config, report, warn)
+                              core.config, rank0_printer(dist.rank),
+                              rank0_printer(dist.rank, "warning: "))
     seed_everything(cfg.train.seed + dist.rank)  # dropout differs between ranks
 
     global_batch_size = layout.global_batch_size(cfg)
@@ -163,11 +199,11 @@ def setup(cfg: RunConfig, log: MLPerfLogger) -> Trainer:
         C.GRADIENT_ACCUMULATION_STEPS: cfg.train.gradient_steps,
         C.MAX_SEQUENCE_LENGTH: loader.max_seq_length,
         **mlperf_hparams(plan.optimizer, scheduler),
-        C.EVAL_SAMPLES: eval_total,
+        C.EVAL_SAMPLES: inputs.eval_total,
     })
     progress = checkpoint.Progress(next_eval=cfg.first_eval(global_batch_size))
     parts = {"model": checkpoint.ModelWeights(core),
-             "config": checkpoint.Fingerprint(checkpoint.fingerprint(cfg, core)),
+             "config": checkpoint.Fingerprint(checkpoint.fingerprint(cfg, core.config)),
              "optimizer": plan.optimizer, "scheduler": scheduler,
              **({"scaler": checkpoint.LossScale(scaler)} if scaler is not None else {}),
              "loader": batches, "progress": progress,
@@ -434,50 +470,47 @@ def run_loop(trainer: Trainer, report: Callable[[str], None]) -> Stop:
         blocks.start(samples)  # after an eval
 
 
-def resume(trainer: Trainer, report: Callable[[str], None]) -> Path | None:
-    """Init's RESUME_FROM: the checkpoint the run goes on from (its parts loaded), said on the
-    console; None for a fresh start."""
-    path = trainer.checkpointer.resume(report)
-    if path is None:
-        return None
-    p, cfg = trainer.progress, trainer.cfg
-    if p.step >= cfg.optim.max_steps or p.samples >= cfg.train.max_samples_termination:
-        raise UserError(f"checkpoint {path}: the run already ended there (step {p.step}, "
-                        f"{p.samples} samples); nothing to resume")
+def resume(trainer: Trainer, found: tuple[Path, dict] | None,
+           report: Callable[[str], None]) -> None:
+    """Init's RESUME_FROM: the checkpoint checkpoint.resumable found (None: a fresh start)
+    loaded into the run's parts, said on the console and in the log."""
+    if found is None:
+        return
+    path, state = found
+    trainer.checkpointer.load(path, state)
+    p = trainer.progress
     report(f"resuming from {path}: step {p.step}, {p.samples} samples trained, next eval at "
            f"{p.next_eval} samples")
-    return path
+    trainer.log.resumed(path, p.step, p.samples)
 
 
 def main(cfg: RunConfig) -> int:
-    """A whole MLPerf run; 0 when it ended by a stopping rule, 1 on a non-finite loss. The
-    configuration is prepared (checked, its layout resolved) before anything is written. Any
-    failure after run_start (a dead rank, SIGTERM, an exception) logs run_stop with status
-    aborted before it propagates."""
+    """A whole MLPerf run; 0 when it ended by a stopping rule, 1 on a non-finite loss. What can
+    be checked before the MLPerf log opens is checked then (the configuration: train.checks.
+    prepare; the data and the checkpoints: read_inputs), so that a problem there leaves an
+    earlier log at the log's path as it was; any failure after the log opens logs run_stop
+    with status aborted before it propagates."""
     report = rank0_printer(cfg.dist.rank)
     cfg = prepare(cfg)
     for line in run_warnings(cfg):
         rank0_printer(cfg.dist.rank, "warning: ")(line)
-    log = MLPerfLogger(cfg.log_path, rank=cfg.dist.rank, echo=False)
-    if log.kept is not None:
-        report(f"MLPerf log {cfg.log_path}: the earlier log there is kept as {log.kept}")
-    log.event(C.CACHE_CLEAR, cfg.train.cache_clear)
-    log.start(C.INIT_START)
     with distributed.failures_as_errors(cfg.dist.rank):
-        trainer = setup(cfg, log)
-        finished = False
+        inputs = read_inputs(cfg)
+        cfg = inputs.cfg
+        log = MLPerfLogger(cfg.log_path, rank=cfg.dist.rank, echo=False)
+        if log.kept is not None:
+            report(f"MLPerf log {cfg.log_path}: the earlier log there is kept as {log.kept}")
+        log.event(C.CACHE_CLEAR, cfg.train.cache_clear)
+        log.start(C.INIT_START)
+        trainer, stopped = None, False
         try:
-            resumed = resume(trainer, report)
-            if resumed is not None:
-                log.resumed(resumed, trainer.progress.step, trainer.progress.samples)
+            trainer = setup(inputs, log)
+            resume(trainer, inputs.resume, report)
+            del inputs  # its checkpoints' tensors are copied into the run's parts by now
             warm_up(trainer)
             log.end(C.INIT_STOP)
             log.start(C.RUN_START)
-            try:
-                stop = run_loop(trainer, report)
-            except BaseException:
-                log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED})
-                raise
+            stop = run_loop(trainer, report)
             log.event(C.TRAIN_SAMPLES, stop.samples)
             traffic = trainer.plan.traffic
             log.grad_comm_bytes(cfg.optim.grad_comm, trainer.plan.reduction.name,
@@ -487,14 +520,19 @@ def main(cfg: RunConfig) -> int:
                    f"({traffic.world} bytes over {traffic.steps} steps"
                    + (f"; {traffic.node} bytes within the node" if traffic.node else "") + ")")
             log.end(C.RUN_STOP, metadata={C.STATUS: stop.status})
+            stopped = True
             report(f"run_stop: {stop.status} after {stop.samples} samples")
             if cfg.train.plot and trainer.dist.rank == 0:
                 png = plot_log(cfg.log_path, Path(f"{cfg.log_path}.png"),
                                cfg.train.target_accuracy)
                 report(f"plot: {png}")
-            finished = True
-            return 1 if stop.nonfinite else 0
+        except BaseException:
+            if not stopped:
+                log.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED})
+            raise
         finally:
-            trainer.plan.release()  # DDP's reducer goes first, while the group is registered
-            if finished:  # the closing barrier would wait for a rank that is gone
-                trainer.dist.close()
+            if trainer is not None:  # DDP's reducer goes first, while the group is registered
+                trainer.plan.release()
+        # only here: after a failure the closing barrier would wait for a rank that is gone
+        trainer.dist.close()
+        return 1 if stop.nonfinite else 0

@@ -148,6 +148,12 @@ REFUSED: tuple[tuple[Callable[[RunConfig, bool], bool], str], ...] = (
      "POWERSGD_START={cfg.optim.powersgd_start} is before the end of the LR warm-up (step "
      "{end}; and PowerSGD's error feedback needs 2 plain steps): compress from step {end} or "
      "later (unset: from there)"),
+    (lambda cfg, fixed: cfg.optim.grad_comm == "localsgd"
+     and cfg.optim.localsgd_period >= cfg.optim.max_steps - comm_start(cfg),
+     "LOCALSGD_PERIOD={cfg.optim.localsgd_period}: the ranks step alone for the last {alone} of "
+     "MAX_STEPS={cfg.optim.max_steps} steps (from LOCALSGD_START, or the end of the LR warm-up), "
+     "too few for this period: their parameters would be averaged after the first of those "
+     "steps and never again (LOCALSGD_PERIOD below {alone})"),
 )
 """(the combination, why it is refused; `why` is formatted with the config as `cfg`): what the
 plan cannot build, said before any log."""
@@ -158,7 +164,8 @@ def check(cfg: RunConfig, fixed_shapes: bool) -> None:
     `fixed_shapes`: whether the run's layout keeps every tensor's shape (train.layout)."""
     for refused, why in REFUSED:
         if refused(cfg, fixed_shapes):
-            raise UserError(why.format(cfg=cfg, end=max(2, warmup_end(cfg))))
+            raise UserError(why.format(cfg=cfg, end=max(2, warmup_end(cfg)),
+                                       alone=cfg.optim.max_steps - comm_start(cfg)))
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Checks before any training step: the data is what its manifests recorded, and its token ids fit
-the model's vocabulary. Each problem is a one-line error naming the file; all ranks fail together
-(the verdict is summed over ranks) so no rank is left waiting in a collective.
+"""Checks before the run's MLPerf log opens: the data is what its manifests recorded, and its token
+ids fit the model's vocabulary. Each problem is a one-line error naming the file; all ranks fail
+together (the verdict is summed over ranks) so no rank is left waiting in a collective.
 
 Training shards are checked against their folder's MANIFEST.json (written by `prep unpad`,
 `chop`, `pack` or `stratify`): every shard must be listed, with its recorded size; with
@@ -8,7 +8,8 @@ DATA_VERIFY=md5 (the default) its md5 as well, the shards spread over the ranks 
 shards r, r+W, ...). The eval file is checked the same way against its folder's manifest (written
 by `prep eval`), and its sample count against the manifest's, so a truncated eval set cannot pass.
 The token ids of the eval set and of one training shard per rank (unpadded or packed) must fit
-the model's vocabulary.
+the model's vocabulary; packed rows of that shard must fit a packed batch's masked slots (the
+loader checks every row it reads the same way, later).
 A folder without a manifest (e.g. shards made by NVIDIA's scripts) is used with a warning.
 """
 
@@ -20,10 +21,14 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from bertperf.data.loader import ShardLoader
 from bertperf.errors import UserError
 from bertperf.formats import manifest
 from bertperf.formats.samples import Samples
 from bertperf.train.dist import Dist, FollowOnError
+
+ROWS_AT_ONCE = 4096
+"""Packed rows checked at a time (their batch arrays held at once)."""
 
 
 def manifest_problems(files: Sequence[Path], mode: str, rank: int, world_size: int,
@@ -87,11 +92,15 @@ def run_checks(dist: Dist, device: torch.device, checks: Callable[[], list[str]]
         raise FollowOnError(f"rank {dist.rank}: data check failed on another rank (see its error)")
 
 
-def verify_inputs(dist: Dist, device: torch.device, files: Sequence[Path], packed: bool,
-                  eval_file: Path, eval_share: Samples, eval_total: int, vocab_size: int,
-                  mode: str, warn: Callable[[str], None]) -> None:
-    """Every check of this module, before the run starts (docstring at the top). `packed`:
-    the shards are bertperf-packed/1 (else bertperf-unpadded/1)."""
+def verify_inputs(dist: Dist, device: torch.device, loader: ShardLoader, eval_file: Path,
+                  eval_share: Samples, eval_total: int, vocab_size: int, mode: str,
+                  warn: Callable[[str], None]) -> None:
+    """Every check of this module, before the run's log opens (docstring at the top), over
+    `loader`'s shards (bertperf-unpadded/1 or bertperf-packed/1); the packed rows of this rank's
+    shard also go through the loader's own check of their masked tokens (MASKED_LM_PROB)."""
+    dataset = loader.dataset
+    files = dataset.files
+
     def checks() -> list[str]:
         problems = [] if mode == "none" else \
             manifest_problems(list(files) + [eval_file], mode, dist.rank, dist.world_size, warn)
@@ -100,9 +109,13 @@ def verify_inputs(dist: Dist, device: torch.device, files: Sequence[Path], packe
         if not problems:
             from bertperf.formats.packed import unpack
             from bertperf.formats.unpadded import read_shard
-            first = files[dist.rank % len(files)]
-            samples = (unpack if packed else read_shard)(first)[0]
-            problems += [p for p in [vocab_problem(samples, vocab_size, str(first))] if p]
+            k = dist.rank % len(files)
+            samples = (unpack if dataset.packed else read_shard)(files[k])[0]
+            problems += [p for p in [vocab_problem(samples, vocab_size, str(files[k]))] if p]
+            if dataset.packed:
+                count = int(dataset.counts[k])
+                for start in range(0, count, ROWS_AT_ONCE):
+                    loader.packed_rows(k, np.arange(start, min(start + ROWS_AT_ONCE, count)))
         return problems
 
     run_checks(dist, device, checks)

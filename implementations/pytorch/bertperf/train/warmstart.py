@@ -1,4 +1,5 @@
-"""Starting from MLPerf's initial checkpoint (INIT_CHECKPOINT), and the sanity eval right after.
+"""The sanity eval right after MLPerf's initial checkpoint (INIT_CHECKPOINT) is loaded (it is read
+and checked before the run's log opens: train.loop.read_inputs).
 
 The reference notes that the masked-LM accuracy of `model.ckpt-28252` before any training "should
 be very close to 0.34085". Evaluating there catches the known failure modes early, before any
@@ -11,16 +12,9 @@ from __future__ import annotations
 from typing import Callable
 
 from bertperf.benchmark import INIT_ACCURACY
-from bertperf.model import BertForPreTraining
 from bertperf.model.bert_config import BertConfig
 
 TOLERANCE = 0.01
-
-
-def load_weights(core: BertForPreTraining, path) -> None:
-    """Load INIT_CHECKPOINT (TF prefix or convert-ckpt output) into `core`, strictly."""
-    from bertperf.model.convert_cli import load_init_checkpoint
-    core.load_state_dict(load_init_checkpoint(path, core.config), strict=True)
 
 
 def sanity_eval(evaluate: Callable[[], float], config: BertConfig,
