@@ -595,6 +595,16 @@ def test_check_one_broken_log_names_it(tmp_path, capsys):
     assert f"FAILED: {log}" in out
 
 
+def test_a_file_with_no_mlperf_line_is_said_to_be_no_log(tmp_path, capsys):
+    """Not the checker's first missing key ("Required EXACTLY_ONE occurrence of ...")."""
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "notes.md").write_text("# a README\n")
+    rc, out, _ = cli(["check", "--logs", str(tmp_path / "empty.txt"), str(tmp_path / "notes.md")],
+                     capsys)
+    rows = [line.split(None, 3) for line in out.splitlines() if line.startswith("compliance ")]
+    assert rc == 1 and [r[3] for r in rows] == ["not an MLPerf log (no :::MLLOG line)"] * 2
+
+
 # ---- submission pieces ---------------------------------------------------------------------------
 
 def test_system_description_passes_the_checker(tmp_path):

@@ -227,6 +227,8 @@ def run_tool(module: str, args: list[str], workdir: Path) -> tuple[int, str, flo
 
 def check_log(log: Path, workdir: Path) -> Result:
     log = Path(log).absolute()
+    if not log_events(log):  # the checker would name the first key it misses
+        return Result("compliance", str(log), "FAIL", "not an MLPerf log (no :::MLLOG line)")
     rc, out, secs = run_tool("compliance_checker", [
         "--usage", USAGE, "--ruleset", RULESET,
         "--log_output", str(_scratch(workdir, "compliance", log)), str(log)], workdir)
