@@ -169,6 +169,9 @@ class Report:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text("\n".join(self.lines) + "\n")
             tmp.replace(self.path)
+        except (FileExistsError, NotADirectoryError) as exc:  # a file where a folder should be
+            raise CheckError(f"cannot write the report {self.path}: {exc.filename} is not a "
+                             "folder") from None
         except OSError as exc:
             raise CheckError(f"cannot write the report {self.path}: {exc.strerror or exc}") \
                 from None

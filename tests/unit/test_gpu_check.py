@@ -102,8 +102,10 @@ def test_the_time_plan_is_listed_in_order_of_value():
     (["--from", "kernels", "--reports", "{tmp}/none"],
      "--from kernels: no report for no_CUDA in {tmp}/none to continue (name it with --report)"),
     (["--reports", "/proc/no/such/folder"], "cannot write the report /proc/no/such/folder/"),
+    (["--reports", "{tmp}/a_file/reports"], "cannot write the report {tmp}/a_file/reports/"),
 ])
 def test_faults_of_the_command_line_are_one_line(tmp_path, argv, message):
+    (tmp_path / "a_file").write_text("not a folder")
     run = gpu_check(*(a.format(tmp=tmp_path) for a in argv), "--out", str(tmp_path / "out"))
     assert run.returncode == 2, run.stdout[-2000:] + run.stderr
     assert len(run.stderr.splitlines()) == 1, run.stderr
