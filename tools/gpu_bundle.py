@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +52,11 @@ def name_of(requirement: str) -> str:
 
 def requirements(torch: str, torchao: str | None, have: set[str]) -> list[str]:
     """What the target lacks: pyproject.toml's dependencies, nltk's and torchao for its torch."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise UserError("reading pyproject.toml needs Python 3.11 or newer (tomllib); run "
+                        "this with one, or give --wheelhouse") from None
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     minor = ".".join(torch.split(".")[:2])
     torchao = torchao or TORCHAO.get(minor)

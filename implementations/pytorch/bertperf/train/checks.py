@@ -61,11 +61,11 @@ def check_run(cfg: RunConfig) -> BertConfig:
         raise UserError(f"BERT_CONFIG {cfg.model.bert_config}: max_position_embeddings "
                         f"{config.max_position_embeddings} is below the data's sequence length "
                         f"{length} (max_seq_length of {source})")
-    o, steps = cfg.optim, cfg.optim.max_steps
-    if parallel.warmup_end(cfg) >= steps:
+    o, steps, warmup_end = cfg.optim, cfg.optim.max_steps, parallel.warmup_end(cfg)
+    if warmup_end >= steps:
         raise UserError(f"the LR warm-up (WARMUP_STEPS={o.warmup_steps:g}, START_WARMUP_STEP="
                         f"{o.start_warmup_step:g}, WARMUP_PROPORTION={o.warmup_proportion:g}) "
-                        f"ends at step {parallel.warmup_end(cfg)}, not before MAX_STEPS={steps}: "
+                        f"ends at step {warmup_end}, not before MAX_STEPS={steps}: "
                         f"the LR would never reach its peak, LR={o.lr:g}")
     if o.grad_comm.startswith("powersgd"):
         with torch.device("meta"):  # the shapes only: no memory, no random numbers drawn
