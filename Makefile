@@ -73,18 +73,19 @@ test-torch2.11:
 # (debootstrap + podman import) and builds the Dockerfile on it with the CPU torch wheel (both
 # cached); container-test then runs the CPU job in it through run_with_docker.sh (podman's CLI and
 # the docker client on `podman system service`) and `sbatch run.sub` (CONTAINER_RUNTIME=podman),
-# and the launch failures. Not part of `make test` (README "Running": the measured cost).
+# and the launch failures. Not part of `make test` (its measured cost: docs/performance.md, "Test
+# suite and setup times").
 # container/containers.conf: runc and lowered ulimits, which VMs like this project's CI need.
 CONT ?= localhost/bertperf:cpu
 container-image: export CONTAINERS_CONF ?= $(CURDIR)/container/containers.conf
 container-image: setup
 	CONT=$(CONT) PYTHON=$(PY) bash container/build.sh
 
-# The committed loss curve (tests/fixtures/loss_curve.json, compared by tests/e2e/
+# The committed loss curves (tests/fixtures/loss_curve*.json, compared by tests/e2e/
 # test_loss_curve.py): rewrite it when a change is meant to move the numerics, and say why.
 loss-curve: setup
 	test -f $(DEMO)/unpadded/MANIFEST.json || OUT_DIR=$(DEMO) PYTHON=$(PY) bash data_prep/prepare_demo.sh
-	$(PY) -m tests.support.loss_curve --demo $(DEMO) --write tests/fixtures/loss_curve.json
+	$(PY) -m tests.support.loss_curve --demo $(DEMO)
 
 container-test: setup
 	$(PY) -m pytest -q tests/container
@@ -145,4 +146,4 @@ lint:
 	$(VENV)/bin/hadolint Dockerfile
 
 clean:
-	rm -rf build $(OUT) implementations/pytorch/bertperf/prep/*.so
+	rm -rf build $(OUT) implementations/pytorch/bertperf/prep/samples/_fastcreate*.so

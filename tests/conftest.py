@@ -102,10 +102,11 @@ def triton_interpreter():
 
 
 @pytest.fixture
-def triton_path(monkeypatch, triton_interpreter):
-    """The kernel functions take their Triton path (interpreted) for CPU tensors."""
-    from bertperf.kernels import backend
-    monkeypatch.setattr(backend, "use_triton", lambda x: True)
+def triton_path(triton_interpreter):
+    """The Kernels under which the kernel functions take their Triton path (interpreted) for
+    CPU tensors."""
+    from bertperf.kernels import Kernels
+    return Kernels(assume_cuda=True)
 
 
 @pytest.fixture(scope="session")

@@ -87,11 +87,11 @@ def pytest_argv(*files: str) -> Callable[[Context], list[str]]:
                       *(f"tests/gpu/{f}" for f in files)]
 
 
-def bench_argv(rows: str, *extra: str) -> Callable[[Context], list[str]]:
+def bench_argv(rows: str) -> Callable[[Context], list[str]]:
     """bench train on BERT-large in bf16 on MLPerf-like synthetic lengths (no data needed)."""
     return lambda c: [sys.executable, "-m", "bertperf", "bench", "train", "--config", "large",
                       "--device", "cuda", "--precision", "bf16", "--synthetic", "--rows", rows,
-                      "--report", str(c.notes), *extra]
+                      "--report", str(c.notes)]
 
 
 def data_argv(c: Context) -> list[str]:
@@ -107,14 +107,14 @@ STEPS = (
          False, False, lambda c: [sys.executable, "-c", ENVIRONMENT]),
     Step("kernels", "each fused kernel, attention path and FlatLamb against its reference on "
          "CUDA", 60, 180, True, False, pytest_argv("test_kernels_gpu.py", "test_flat_lamb_gpu.py")),
-    Step("bench-eager", "bench train, BERT-large bf16: HF, then the eager bertperf rows, and the "
-         "step-time model", 120, 300, True, False, bench_argv("hf,varlen,packed,kernels")),
+    Step("bench-eager", "bench train, BERT-large bf16: HF, then the eager bertperf rows", 120,
+         300, True, False, bench_argv("hf,varlen,packed,kernels")),
     Step("data", "data: FOLDOC through the MLPerf chain at 512 tokens, packed", 30, 300,
          False, False, data_argv),
     Step("train-300", "300 steps of BERT-large from random weights, packed 512-token FOLDOC", 120,
          300, True, True, pytest_argv("test_train_bert_large.py")),
     Step("bench-compiled", "bench train, BERT-large bf16: + compile, + CUDA graphs, + FP8", 240,
-         420, True, False, bench_argv("compile,graphs,fp8", "--no-model")),
+         420, True, False, bench_argv("compile,graphs,fp8")),
     Step("gpu-tests", "the packed step without host syncs, dropout under graph replay, FP8, "
          "convergence to the demo target", 300, 540, True, False,
          pytest_argv("test_packed_step_gpu.py", "test_dropout_graphs_gpu.py", "test_fp8_gpu.py",

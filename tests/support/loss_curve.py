@@ -1,11 +1,15 @@
-"""The committed loss curve: a fixed-seed run of the demo's model on the demo's data (FOLDOC,
-128-token samples, the tiny BERT, one CPU rank, one thread, fp32, dropout on) whose loss at every
-step tests/e2e/test_loss_curve.py compares with tests/fixtures/loss_curve.json.
+"""The committed loss curves: fixed-seed runs of the demo's model on the demo's data (FOLDOC,
+128-token samples, the tiny BERT, CPU, one thread a rank, fp32, dropout on) whose loss at every
+step tests/e2e/test_loss_curve.py compares with the curve's file in tests/fixtures/:
 
-A change meant to move the numerics rewrites the file in the same commit and says why:
+  varlen          one rank, the unpadded shards, the per-tensor Lamb (loss_curve.json)
+  packed_flat     two ranks (`bertperf launch`), the packed shards (LAYOUT=packed), FlatLamb
+                  (loss_curve_packed_flat.json)
+
+A change meant to move the numerics rewrites the files in the same commit and says why:
 
     make loss-curve        # prepares the demo's data in out/demo if needed, then runs this
-    python -m tests.support.loss_curve --demo out/demo --write tests/fixtures/loss_curve.json
+    python -m tests.support.loss_curve --demo out/demo
 """
 
 from __future__ import annotations
@@ -15,23 +19,52 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.demo import pack
 from tests.support.paths import PYTHONPATH, ROOT
 from tests.support.scripts import LAUNCH_VARS
 
-CURVE = ROOT / "tests" / "fixtures" / "loss_curve.json"
+FIXTURES = ROOT / "tests" / "fixtures"
 
-STEPS = 200
-SETTINGS = {
+COMMON = {
     "BERT_CONFIG": "tiny", "DEVICE": "cpu", "PRECISION": "fp32", "SEED": "1",
-    "BATCHSIZE": "32", "GRADIENT_STEPS": "1", "LR": "0.02", "MAX_STEPS": str(STEPS),
-    "WARMUP_STEPS": "20", "LOG_FREQ": "1", "EVAL_ITER_START_SAMPLES": "100000000",
+    "GRADIENT_STEPS": "1", "LR": "0.02", "LOG_FREQ": "1", "EVAL_ITER_START_SAMPLES": "100000000",
     "MAX_SAMPLES_TERMINATION": "100000000", "SUBMISSION_DIVISION": "open",
     "TARGET_MLM_ACCURACY": "0.13", "DATA_VERIFY": "size", "OMP_NUM_THREADS": "1",
 }
-"""The run: the demo's model, data, LR and seed (config_CPU_1x2x32x1.sh) on one rank of 32
-sequences, STEPS steps with the LR schedule ending there, no eval, a loss at every step."""
+"""What every curve's run sets: the demo's model, LR and seed (config_CPU_1x2x32x1.sh), no eval
+(its first one is past the run's end), a loss at every step."""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One committed curve: its run's settings, ranks, data and file."""
+
+    file: str
+    """Its file in tests/fixtures/."""
+    steps: int
+    settings: dict[str, str]
+    """The run's variables (with COMMON)."""
+    ranks: int = 1
+    packed: bool = False
+    """The demo's shards packed into 128-token rows (tests.support.demo.pack), else unpadded."""
+
+    @property
+    def path(self) -> Path:
+        return FIXTURES / self.file
+
+
+CURVES = {
+    "varlen": Curve("loss_curve.json", 200, {
+        **COMMON, "BATCHSIZE": "32", "MAX_STEPS": "200", "WARMUP_STEPS": "20"}),
+    "packed_flat": Curve("loss_curve_packed_flat.json", 100, {
+        **COMMON, "BATCHSIZE": "8", "MAX_STEPS": "100", "WARMUP_STEPS": "10",
+        "LAYOUT": "packed", "FLAT_LAMB": "1", "PACKING_FACTOR": "2"}, ranks=2, packed=True),
+}
+"""varlen: one rank of 32 sequences, 200 steps with the LR schedule ending there. packed_flat:
+two ranks of 8 packed rows each (about 32 sequences a step), 100 steps, FlatLamb."""
 
 RTOL = 1e-5
 """How far a step's loss may move (relative) before the curve counts as changed. Measured on the
@@ -40,17 +73,20 @@ AVX2 (other summation orders) stays within 4.6e-7 over the 200 steps; WEIGHT_DEC
 instead of 0.01 passes this bound at step 69 (1.1e-4 by step 200)."""
 
 
-def run(demo: Path, out: Path, **extra: str) -> list[float]:
-    """The losses of steps 1..STEPS of the run on the demo's data in `demo` (prepare_demo.sh's
-    output folder), read from its MLPerf log in `out`."""
+def run(curve: Curve, demo: Path, out: Path) -> list[float]:
+    """The losses of steps 1..curve.steps of `curve`'s run on the demo's data in `demo`
+    (prepare_demo.sh's output folder), read from its MLPerf log in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     log = out / "result_0.txt"
-    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, **SETTINGS,
-           "DATADIR_PHASE2": str(demo / "unpadded"),
+    data = pack(demo) if curve.packed else demo / "unpadded"
+    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, **curve.settings,
+           "DATADIR_PHASE2": str(data),
            "EVAL_FILE": str(demo / "hdf5" / "eval" / "eval_10k.hdf5"),
-           "LOGDIR": str(out), "MLLOG_FILE": str(log), "PYTHONPATH": PYTHONPATH, **extra}
-    done = subprocess.run([sys.executable, "-m", "bertperf", "train"], env=env, cwd=out,
-                          capture_output=True, text=True, timeout=900)
+           "LOGDIR": str(out), "MLLOG_FILE": str(log), "PYTHONPATH": PYTHONPATH}
+    train = [sys.executable, "-m", "bertperf", "train"]
+    if curve.ranks > 1:
+        train[3:3] = ["launch", "--nproc-per-node", str(curve.ranks)]
+    done = subprocess.run(train, env=env, cwd=out, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"the loss-curve run failed:\n{done.stderr[-3000:]}")
     losses = {}
@@ -59,7 +95,7 @@ def run(demo: Path, out: Path, **extra: str) -> list[float]:
             event = json.loads(line.split(":::MLLOG ", 1)[1])
             if event["key"] == "train_loss":
                 losses[event["metadata"]["step"]] = event["value"]
-    return [losses[step] for step in range(1, STEPS + 1)]
+    return [losses[step] for step in range(1, curve.steps + 1)]
 
 
 def first_difference(got: list[float], want: list[float], rtol: float = RTOL
@@ -74,20 +110,26 @@ def first_difference(got: list[float], want: list[float], rtol: float = RTOL
     return None
 
 
-def committed(path: Path = CURVE) -> dict:
-    return json.loads(path.read_text())
+def committed(curve: Curve) -> dict:
+    return json.loads(curve.path.read_text())
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--demo", type=Path, required=True,
                    help="prepare_demo.sh's output folder (make demo's out/demo)")
-    p.add_argument("--write", type=Path, default=CURVE, help="the curve file to write")
+    p.add_argument("--curves", default=",".join(CURVES),
+                   help=f"which curves to rewrite (default all: {','.join(CURVES)})")
+    p.add_argument("--fixtures", type=Path, default=FIXTURES, help="the folder to write them in")
     args = p.parse_args()
-    losses = run(args.demo.resolve(), args.demo.resolve() / "loss_curve")
-    doc = {"settings": SETTINGS, "rtol": RTOL, "losses": losses}
-    args.write.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{args.write}: {len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    demo = args.demo.resolve()
+    for name in args.curves.split(","):
+        curve = CURVES[name]
+        losses = run(curve, demo, demo / "loss_curve" / name)
+        doc = {"settings": curve.settings, "rtol": RTOL, "losses": losses}
+        path = args.fixtures / curve.file
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"{path}: {name}, {len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     return 0
 
 

@@ -200,6 +200,7 @@ def test_trainer_switches_are_checked(stratified, shards):
     """BALANCE parses as yes/no; LAYOUT=stratified is what a stratify output holds and needs
     LOADER_SPLIT=global_batch; an unpadded folder is not stratified: one line each."""
     from bertperf.config import load
+    from bertperf.train.checks import prepare
     from bertperf.train.layout import resolve
     from tests.support.copy_task import env_for
 
@@ -218,7 +219,7 @@ def test_trainer_switches_are_checked(stratified, shards):
                            ({"DATADIR_PHASE2": str(shards), "LAYOUT": "stratified"},
                             "holds unpadded shards")]:
         with pytest.raises(UserError, match=message) as err:
-            resolve(cfg(stratified.parent / message.replace(" ", "_"), **extra))
+            prepare(cfg(stratified.parent / message.replace(" ", "_"), **extra))
         assert "\n" not in str(err.value)
 
 

@@ -283,13 +283,14 @@ def test_other_settings_and_missing_file_are_errors(tmp_path, monkeypatch, capsy
     from bertperf import config
     from bertperf.errors import UserError
     from bertperf.train import loop
+    from bertperf.train.checks import prepare
     with pytest.raises(UserError, match=r"saved with BATCHSIZE=4, this run has 8") as err:
         loop.main(config.load(base_env(data, tmp_path, BATCHSIZE="8", RESUME_FROM=str(saved))))
     assert str(saved) in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(UserError, match="does not exist"):
         config.load(base_env(data, tmp_path, RESUME_FROM=str(tmp_path / "none.pt")))
     with pytest.raises(UserError, match="RESUME_FROM=auto needs CHECKPOINT_DIR"):
-        config.load(base_env(data, tmp_path, RESUME_FROM="auto"))
+        prepare(config.load(base_env(data, tmp_path, RESUME_FROM="auto")))
     # auto with an empty folder: a fresh start, and it says so
     capsys.readouterr()
     losses = run(monkeypatch, base_env(data, tmp_path / "o", CHECKPOINT_DIR=str(tmp_path / "e"),

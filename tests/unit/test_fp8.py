@@ -17,6 +17,7 @@ from torch import nn
 
 from tests.support.packed import HostReads, packed_env, trainer_for  # noqa: F401
 from tests.support.paths import ROOT
+from tests.support.scripts import config_env
 
 pytest.importorskip("torchao")
 
@@ -230,11 +231,14 @@ def test_fp8_run_learns_and_its_checkpoint_loads_without_fp8(packed_env, tmp_pat
 
 
 def test_the_h100_configs_say_fp8_and_the_a100_ones_do_not():
-    """config_DGXH100_common.sh sets FP8 (off until a GPU run proves it; a variable already set
-    wins); no A100 config mentions it (refused below sm_89)."""
-    assert ': "${FP8:=0}"' in (ROOT / "config_DGXH100_common.sh").read_text()
-    a100 = sorted(ROOT.glob("config_DGXA100_*.sh"))
-    assert a100 and not any("FP8" in path.read_text() for path in a100)
+    """An H100 config exports FP8=0 (off until a GPU run proves it) unless the caller set it; an
+    A100 config exports no FP8 (refused below sm_89)."""
+    base = {k: v for k, v in os.environ.items() if k != "FP8"}
+    for path in sorted(ROOT.glob("config_DGXH100_*x*.sh")):
+        assert config_env(path, base)["FP8"] == "0", path
+        assert config_env(path, {**base, "FP8": "1"})["FP8"] == "1", path
+    a100 = sorted(ROOT.glob("config_DGXA100_*x*.sh"))
+    assert a100 and not any("FP8" in config_env(path, base) for path in a100)
 
 
 @pytest.mark.slow

@@ -313,7 +313,8 @@ def test_compressing_rank_is_torchs_decision():
 
 def test_one_rank_no_effect_and_fingerprint(tmp_path):
     from bertperf.config import fingerprint, load, warnings
-    from bertperf.train.parallel import comm_start, reduction_for
+    from bertperf.train.comm import comm_start
+    from bertperf.train.parallel import reduction_for
     cfg = load(env_for(tmp_path, SUBMISSION_DIVISION="open", GRAD_COMM="powersgd",
                        WARMUP_STEPS="10"))
     assert reduction_for(cfg, 1).name == "none" and reduction_for(cfg, 2).name == "powersgd"

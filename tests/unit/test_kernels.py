@@ -11,19 +11,21 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from bertperf.kernels import (LambLayout, bias_gelu, bias_gelu_layer_norm,
+from bertperf.kernels import (Kernels, LambLayout, bias_gelu, bias_gelu_layer_norm,
                               bias_gelu_layer_norm_reference, bias_gelu_reference,
                               cross_entropy_sum, cross_entropy_sum_reference,
                               dropout_add_layer_norm, dropout_add_layer_norm_reference,
                               embedding_layer_norm, embedding_layer_norm_reference, lamb_step,
                               lamb_step_reference)
-from bertperf.model import BertConfig
+from bertperf.model import BertConfig, BertForPreTraining
 from bertperf.model.layers import BertEmbeddings
 from bertperf.optim import Lamb
 from tests.support.kernels import F64, assert_same_fwd_bwd, leaves
 from tests.support.lamb import flat_setup
-from tests.support.models import tiny_bert
+from tests.support.models import TINY, packed_batch, samples, tiny_bert
 
 
 def bf16_linear(rows: int, features: int) -> torch.Tensor:
@@ -252,3 +254,41 @@ def test_lamb_reference_is_the_cpu_path():
     lamb_step(layout, bufs[0], grads, *bufs[1:], **hyper)
     lamb_step_reference(layout, other[0], grads, *other[1:], **hyper)
     assert all(torch.equal(a, b) for a, b in zip(bufs, other))
+
+
+# ---- which implementation runs -------------------------------------------------------------------
+
+class BertperfOps(TorchDispatchMode):
+    """Records the bertperf custom ops (the Triton kernels) dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "bertperf":
+            self.names.add(func._schema.name.removesuffix("_backward"))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("cuda_first", [True, False])
+def test_two_models_take_their_own_kernels_in_either_order(cuda_first):
+    """Two models in one process, one set to Kernels that assume CUDA (traced on fake tensors:
+    the Triton kernels' fake implementations run), one left at the default (auto: plain PyTorch
+    on these CPU tensors): each runs its own path, forward and backward, whichever goes first."""
+    torch.manual_seed(0)
+    batch = packed_batch(samples([20, 9, 14, 5], seed=3), [3, 1], row_len=48,
+                         masks_per_row=8).inputs()
+    with FakeTensorMode() as mode:
+        cuda, plain = BertForPreTraining(TINY), BertForPreTraining(TINY)
+        cuda.use_kernels(Kernels(assume_cuda=True))
+        inputs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                  for k, v in batch.items()}
+        ran = {}
+        for model in (cuda, plain) if cuda_first else (plain, cuda):
+            with BertperfOps() as ops:
+                model(**inputs).loss.backward()
+            ran[model] = ops.names
+    assert ran[cuda] == {f"bertperf::{op}" for op in ("embedding_layer_norm", "layer_norm",
+                                                      "bias_gelu", "cross_entropy_sum")}
+    assert ran[plain] == set()

@@ -130,33 +130,38 @@ def by_name(optimizer) -> dict[str, dict]:
 def test_mslt_trains_only_new_layers_and_logs_its_stages(tmp_path, monkeypatch, data):
     """LAYERWISE_TRAIN=new: after each boundary the embeddings and the old layers have no
     gradient, are not in the optimizer (nor in FlatLamb's flat buffer) and their outputs carry
-    no autograd graph; a new layer is a copy of the top one, its moments its source's; the log
-    marks the three stages and passes the compliance checker."""
+    no autograd graph; a new layer is a copy of the top one, its moments its source's; the
+    checkpoint parts are the stage's optimizer and schedule, the stage's part before the model;
+    the log marks the three stages and passes the compliance checker."""
     from bertperf.train import layerwise
     seen, outputs, boundaries = [], {}, []
     real_enter = layerwise.Stages.enter
 
-    def enter(stages, trainer, index, boundary):
-        before = by_name(trainer.plan.optimizer)
-        real_enter(stages, trainer, index, boundary)
-        layers = trainer.plan.core.bert.encoder.layer
+    def enter(stages, index, plan, scheduler, scaler, at_step):
+        before = by_name(plan.optimizer)
+        entered = real_enter(stages, index, plan, scheduler, scaler, at_step)
+        layers = stages.core.bert.encoder.layer
         new, source = len(layers) - 1, len(layers) - 2
         prefix = "bert.encoder.layer."
         for (name, p), q in zip(layers[new].named_parameters(), layers[source].parameters()):
             assert torch.equal(p, q), name
-        after = by_name(trainer.plan.optimizer)
+        after = by_name(entered.plan.optimizer)
         for name in after:
             if name.startswith(f"{prefix}{new}."):
                 src = name.replace(f"{prefix}{new}.", f"{prefix}{source}.")
                 assert torch.equal(after[name]["exp_avg"], before[src]["exp_avg"]), name
                 assert after[name]["exp_avg"].abs().sum() > 0
         boundaries.append(sorted(after) == sorted(
-            n for n, p in trainer.plan.core.named_parameters() if p.requires_grad))
+            n for n, p in stages.core.named_parameters() if p.requires_grad))
+        return entered
 
     def inspect(trainer):
         core, opt = trainer.plan.core, trainer.plan.optimizer
         encoder = core.bert.encoder
         assert isinstance(encoder, layerwise.StagedEncoder)
+        parts = trainer.checkpointer.parts()
+        assert list(parts)[:3] == ["config", "layerwise", "model"]
+        assert parts["optimizer"] is opt and parts["scheduler"] is trainer.scheduler
         if not outputs:
             for i, layer in enumerate(trainer.stages.spare):
                 layer.register_forward_hook(
@@ -304,8 +309,8 @@ def test_frozen_layers_are_in_no_ddp_bucket_nor_sharded_state(tmp_path, monkeypa
     reduced, checked = [], []
     real_parallelize = parallel.parallelize
 
-    def parallelize(core, *args):
-        plan = real_parallelize(core, *args)
+    def parallelize(core, *args, **kwargs):
+        plan = real_parallelize(core, *args, **kwargs)
         names = {id(p): n for n, p in core.named_parameters()}
 
         def recording(state, bucket):

@@ -17,13 +17,14 @@ import bertperf
 PACKAGE = Path(bertperf.__file__).parent
 
 FLOORS = {  # room -> floor; a room imports only rooms on lower floors (and itself)
-    "errors": 1, "benchmark": 1, "commands": 1, "reaper": 1,
+    "errors": 1, "benchmark": 1, "commands": 1, "reaper": 1, "host": 1,
     "config": 2, "formats": 2,
     "resources": 3, "data": 3, "kernels": 3,
     "model": 4, "optim": 4, "prep": 4,
     "mlperf": 5,
     "train": 6,
     "bench": 7,  # benchmarks time the trainer's own step
+    "perfmodel": 7,  # the performance model traces it; neither of the two imports the other
     "__main__": 8,
 }
 ONLY_FROM_WITHIN = {"prep"}  # rooms nothing outside them imports
@@ -81,6 +82,40 @@ def test_rooms_import_only_lower_floors():
             wrong.append(f"{module}:{line} imports {target} ({theirs}/ is imported only "
                          "from within)")
     assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_performance_model_imports_itself():
+    """No module outside perfmodel/ imports bertperf.perfmodel, at module level or inside a
+    function: the trainer and the benchmarks stand without the model."""
+    outside = [f"{module}:{line} imports {target}" for module, target, line in imports()
+               if room_of(target) == "perfmodel" and room_of(module) != "perfmodel"]
+    assert not outside, "\n".join(outside)
+    assert any(room_of(module) == "perfmodel" and room_of(target) == "perfmodel"
+               for module, target, _ in imports())  # the scan sees perfmodel's own imports
+
+
+def test_a_lazy_import_of_the_model_is_caught(tmp_path, monkeypatch):
+    """The checker itself: a benchmark importing the model inside a function is reported."""
+    fake = tmp_path / "bertperf"
+    (fake / "bench").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "bench" / "__init__.py").write_text("")
+    (fake / "bench" / "x.py").write_text("def f():\n    from bertperf.perfmodel import scale\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    with pytest.raises(AssertionError, match="bertperf.bench.x:2 imports bertperf.perfmodel"):
+        test_only_the_performance_model_imports_itself()
+
+
+def test_the_model_command_lists_its_commands():
+    from bertperf.__main__ import COMMANDS
+    from bertperf.bench.cli import COMMANDS as BENCH
+    from bertperf.perfmodel.cli import COMMANDS as MODEL
+
+    assert COMMANDS["model"][0] == "bertperf.perfmodel.cli"
+    assert list(MODEL) == ["step", "scale", "layerwise"]
+    assert [module for module, _ in MODEL.values()] == \
+        [f"bertperf.perfmodel.{name}" for name in MODEL]
+    assert not any(module.startswith("bertperf.perfmodel") for module, _ in BENCH.values())
 
 
 def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
@@ -160,7 +195,9 @@ def test_the_cycle_check_catches_a_cycle(tmp_path, monkeypatch):
 
 
 COMMANDS_WITHOUT_TORCH = [["--help"], ["rank"], ["prep", "--help"], ["bench", "--help"], ["bench", "balance", "--help"], ["train", "--help"],
-                          ["check", "--help"], ["submission", "--help"], ["plot", "--help"]]
+                          ["check", "--help"], ["submission", "--help"], ["plot", "--help"],
+                          ["model", "--help"]]
+COMMANDS_WITHOUT_TORCH += [["model", name, "--help"] for name in ("step", "scale", "layerwise")]
 COMMANDS_WITHOUT_TORCH += [["prep", stage, "--help"] for stage in
                            ("dictd", "clean", "segment", "split", "create", "eval", "verify",
                             "unpad", "chop", "pack", "stratify", "stats")]

@@ -429,6 +429,33 @@ def test_clip_nonfinite_norm_reported_and_grads_untouched():
     torch.testing.assert_close(g2, torch.tensor([3.0, 4.0]))
 
 
+class TwoRanks(Lamb):
+    """Lamb as one of two ranks holding the same gradient shard would step: the global norm
+    from both (ClippedOptimizer), and what the step was handed."""
+
+    def step_grads(self):
+        self.handed = super().step_grads()
+        return self.handed
+
+    def norm_over_ranks(self, norm):
+        return norm * math.sqrt(2.0)
+
+    def step(self, closure=None, *, ok=None):
+        self.ok = ok
+
+
+def test_clipped_step_asks_the_optimizer_its_grads_and_norm():
+    """clipped_step clips what step_grads hands it, to the norm norm_over_ranks makes of their
+    norm, and steps with the outcome."""
+    w = nn.Parameter(torch.zeros(2))
+    w.grad = torch.tensor([3.0, 4.0])
+    opt = TwoRanks([w], lr=0.1)
+    out = clipped_step(opt, max_grad_norm=1.0)
+    assert out.grad_norm.item() == pytest.approx(5.0 * math.sqrt(2.0)) and opt.ok is out.ok
+    assert opt.handed[0] is w.grad
+    torch.testing.assert_close(w.grad, torch.tensor([3.0, 4.0]) / (5.0 * math.sqrt(2.0) + 1e-6))
+
+
 # ----------------------------------------------------------------------------------------------
 # fp16 dynamic loss scaling: skip on overflow
 # ----------------------------------------------------------------------------------------------

@@ -250,11 +250,11 @@ def traced_gpu_step(trainer, monkeypatch) -> tuple[list, list[str]]:
     device). Returns the ops dispatched, (op, args, kwargs, output) in order, and the host RNG
     used meanwhile: calls host_rng sees, numpy's global generator advanced, a numpy generator
     made (numpy's Cython functions escape the profiler)."""
-    from bertperf.kernels import backend
-    monkeypatch.setattr(backend, "use_triton", lambda x: True)
+    from bertperf.kernels import Kernels
     monkeypatch.setattr(importlib.import_module("bertperf.kernels.varlen_attention"),
                         "flash_supported", lambda qkv: True)
     plan, micro = trainer.plan, next(trainer.batches)
+    plan.core.use_kernels(Kernels(assume_cuda=True))
     mode = FakeTensorMode()
     params = {name: mode.from_tensor(p) for name, p in plan.core.named_parameters()}
     inputs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v

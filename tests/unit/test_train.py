@@ -130,31 +130,39 @@ def test_a_read_only_checkpoint_dir_is_refused_before_the_run(tmp_path, small_di
     assert not (tmp_path / "out").exists()
 
 
-def test_the_plan_takes_the_lamb_flat_lamb_says(tmp_path, monkeypatch):
+def test_the_plan_takes_the_lamb_flat_lamb_says(tmp_path):
     """FLAT_LAMB: auto (the default) takes FlatLamb where the kernels take their Triton path
-    (CUDA tensors, Triton installed: not these CPU ones); 1 and 0 decide. SHARDED_LAMB takes
-    the sharded one, which reduces the gradients itself."""
+    (CUDA tensors, Triton installed: not these CPU ones, unless the kernels assume CUDA); 1 and
+    0 decide. SHARDED_LAMB takes the sharded one, which reduces the gradients itself. The plan
+    sets its kernels on the model and on FlatLamb."""
     from bertperf.config import load
-    from bertperf.kernels import backend
+    from bertperf.kernels import Kernels, backend
     from bertperf.model import BertConfig, BertForPreTraining
+    from bertperf.model.layers import UsesKernels
     from bertperf.optim import FlatLamb, Lamb, ShardedLamb
     from bertperf.train.dist import Dist
     from bertperf.train.parallel import parallelize
     env = env_for(tmp_path)
     assert load(env).optim.flat_lamb is None
 
-    def plan(**extra: str):
+    def plan(kernels=None, **extra: str):
         core = BertForPreTraining(BertConfig.named("tiny"))
-        return parallelize(core, load({**env, **extra}), Dist(0, 1), torch.device("cpu"), None)
+        return parallelize(core, load({**env, **extra}), Dist(0, 1), torch.device("cpu"), None,
+                           kernels=kernels)
 
     kinds = [type(plan(FLAT_LAMB=v).optimizer) for v in ("auto", "1", "0")]
     assert kinds == [Lamb, FlatLamb, Lamb]
     sharded = plan(SHARDED_LAMB="1")
     assert type(sharded.optimizer) is ShardedLamb and sharded.reduction.name == "reduce_scatter"
     assert sharded.model is sharded.core and sharded.max_grad_norm == 1.0
-    monkeypatch.setattr(backend, "use_triton", lambda x: True)
-    assert [type(plan(FLAT_LAMB=v).optimizer) for v in ("auto", "1", "0")] == \
-        [FlatLamb, FlatLamb, Lamb]
+    cuda = Kernels(assume_cuda=True)
+    auto = FlatLamb if backend.triton_installed() else Lamb
+    assert [type(plan(cuda, FLAT_LAMB=v).optimizer) for v in ("auto", "1", "0")] == \
+        [auto, FlatLamb, Lamb]
+    flat = plan(cuda, FLAT_LAMB="1")
+    assert flat.kernels is cuda and flat.optimizer.kernels is cuda
+    assert {m.kernels for m in flat.core.modules() if isinstance(m, UsesKernels)} == {cuda}
+    assert plan(FUSED_KERNELS="0").kernels == Kernels(False)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -196,17 +204,6 @@ def test_cuda_graphs_refused_on_packed_rows_too(tmp_path, change, message):
         prepare(load({**env, **change}))
 
 
-def test_cuda_graphs_accumulate_into_flat_lamb_buffers(tmp_path):
-    """Accumulating over graph replays is allowed where the gradients live in FlatLamb's buffer
-    (FLAT_LAMB=1, or auto with the fused kernels, or the sharded LAMB)."""
-    from bertperf.config import load
-    from bertperf.train import parallel
-    env = packed_copy(env_for(tmp_path), tmp_path / "packed")
-    for extra in ({"FLAT_LAMB": "1"}, {}, {"SHARDED_LAMB": "1", "FUSED_KERNELS": "0"}):
-        parallel.check(load({**env, "USE_CUDA_GRAPH": "1", "GRADIENT_STEPS": "2", **extra}),
-                       fixed_shapes=True)
-
-
 def test_nvidia_packed_files_are_named_for_conversion(tmp_path):
     from bertperf.data.synthetic import synthetic_packed
     from bertperf.config import load
@@ -228,13 +225,14 @@ def test_nvidia_packed_files_are_named_for_conversion(tmp_path):
 def test_packed_layout_needs_the_global_batch_split(tmp_path):
     from bertperf.config import load
     from bertperf.errors import UserError
+    from bertperf.train.checks import prepare
     from bertperf.train.layout import layout_of, resolve
     env = packed_copy(env_for(tmp_path), tmp_path / "packed")
     cfg = resolve(load(env))
     assert cfg.data.layout == "packed"
     assert layout_of(cfg).global_batch_size(cfg) == 2 * cfg.rows_per_step
     with pytest.raises(UserError, match="needs LOADER_SPLIT=global_batch"):
-        resolve(load({**env, "LOADER_SPLIT": "shards"}))
+        prepare(load({**env, "LOADER_SPLIT": "shards"}))
 
 
 @pytest.mark.parametrize("env, expected", [

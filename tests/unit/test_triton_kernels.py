@@ -25,7 +25,7 @@ from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from bertperf.kernels import (LambLayout, aot, backend, bias_gelu,  # noqa: E402
+from bertperf.kernels import (LambLayout, aot, bias_gelu,  # noqa: E402
                               bias_gelu_layer_norm, bias_gelu_layer_norm_reference,
                               bias_gelu_reference,
                               cross_entropy_sum, cross_entropy_sum_reference,
@@ -99,11 +99,14 @@ def test_bias_gelu_kernel(triton_interpreter):
 
 def test_bias_gelu_kernel_bf16_and_dispatch(triton_path):
     x, b = randn(9, 24, dtype=torch.bfloat16), randn(24, seed=1)
-    check_fwd_bwd(bias_gelu, bias_gelu_reference, [x, b], tol=BF16_TOL)
+
+    def fused(*t):
+        return bias_gelu(*t, kernels=triton_path)
+
+    check_fwd_bwd(fused, bias_gelu_reference, [x, b], tol=BF16_TOL)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert bias_gelu(F.linear(torch.randn(5, 8), torch.randn(24, 8)), b).dtype \
-            == torch.bfloat16
-    compiles_to_one_graph(bias_gelu, x, b)
+        assert fused(F.linear(torch.randn(5, 8), torch.randn(24, 8)), b).dtype == torch.bfloat16
+    compiles_to_one_graph(fused, x, b)
 
 
 # ---- bias + dropout + residual + LayerNorm -----------------------------------------------------
@@ -146,17 +149,20 @@ def test_dropout_keep_mask_statistics():
 def test_dropout_add_layer_norm_dispatch(triton_path):
     """The model's call: a fresh seed per call (so two calls differ), output in x's dtype."""
     x, r, w, b, db = sublayer_inputs()
-    a = dropout_add_layer_norm(x, r, w, b, 0.1, 1e-5, dense_bias=db)
-    assert not torch.equal(a, dropout_add_layer_norm(x, r, w, b, 0.1, 1e-5, dense_bias=db))
-    torch.testing.assert_close(dropout_add_layer_norm(x, r, w, b, 0.0, 1e-5),
+
+    def fused(*t, **kw):
+        return dropout_add_layer_norm(*t, **kw, kernels=triton_path)
+
+    a = fused(x, r, w, b, 0.1, 1e-5, dense_bias=db)
+    assert not torch.equal(a, fused(x, r, w, b, 0.1, 1e-5, dense_bias=db))
+    torch.testing.assert_close(fused(x, r, w, b, 0.0, 1e-5),
                                dropout_add_layer_norm_reference(x, r, w, b, 0.0, 1e-5), **TOL)
     xb, rb = x.detach().bfloat16(), r.detach().bfloat16()
-    assert dropout_add_layer_norm(xb, rb, w, b, 0.1, 1e-5, dense_bias=db).dtype == torch.bfloat16
+    assert fused(xb, rb, w, b, 0.1, 1e-5, dense_bias=db).dtype == torch.bfloat16
     torch.manual_seed(0)
-    compiles_to_one_graph(lambda *t: dropout_add_layer_norm(*t[:4], 0.0, 1e-5, dense_bias=t[4]),
-                          x, r, w, b, db)
+    compiles_to_one_graph(lambda *t: fused(*t[:4], 0.0, 1e-5, dense_bias=t[4]), x, r, w, b, db)
     counter = CompileCounterWithBackend("aot_eager")
-    out = torch.compile(lambda *t: dropout_add_layer_norm(*t[:4], 0.1, 1e-5, dense_bias=t[4]),
+    out = torch.compile(lambda *t: fused(*t[:4], 0.1, 1e-5, dense_bias=t[4]),
                         backend=counter, fullgraph=True)(x, r, w, b, db)
     assert counter.frame_count == 1
     out.sum().backward()
@@ -166,10 +172,13 @@ def test_dropout_add_layer_norm_dispatch(triton_path):
 
 def test_bias_gelu_layer_norm_kernel(triton_path):
     x, b, w, lb = randn(13, 40), randn(40, seed=1), randn(40, seed=2), randn(40, seed=3)
-    check_fwd_bwd(lambda *a: bias_gelu_layer_norm(*a, 1e-5),
-                  lambda *a: bias_gelu_layer_norm_reference(*a, 1e-5), [x, b, w, lb])
-    assert bias_gelu_layer_norm(x.detach().bfloat16(), b, w, lb, 1e-5).dtype == torch.bfloat16
-    compiles_to_one_graph(lambda *a: bias_gelu_layer_norm(*a, 1e-5), x, b, w, lb)
+
+    def fused(*a):
+        return bias_gelu_layer_norm(*a, 1e-5, kernels=triton_path)
+
+    check_fwd_bwd(fused, lambda *a: bias_gelu_layer_norm_reference(*a, 1e-5), [x, b, w, lb])
+    assert fused(x.detach().bfloat16(), b, w, lb).dtype == torch.bfloat16
+    compiles_to_one_graph(fused, x, b, w, lb)
 
 
 # ---- embeddings + LayerNorm --------------------------------------------------------------------
@@ -199,13 +208,17 @@ def test_embedding_layer_norm_kernel(id_dtype, p, triton_interpreter):
 def test_embedding_layer_norm_dispatch(triton_path):
     """Ids of any shape; output in autocast's dtype when on, else the tables'."""
     ids, tables = embedding_case()
-    out = embedding_layer_norm(*(i.view(29, 1) for i in ids), *tables, 1e-12)
+
+    def fused(*t):
+        return embedding_layer_norm(*t, kernels=triton_path)
+
+    out = fused(*(i.view(29, 1) for i in ids), *tables, 1e-12)
     assert out.shape == (29, 1, 40) and out.dtype == torch.float32
     torch.testing.assert_close(out[:, 0], embedding_layer_norm_reference(
         *(i.long() for i in ids), *tables, 1e-12), **TOL)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert embedding_layer_norm(*ids, *tables, 1e-12, 0.1).dtype == torch.bfloat16
-    compiles_to_one_graph(lambda *t: embedding_layer_norm(*ids, *t, 1e-12, 0.0), *tables)
+        assert fused(*ids, *tables, 1e-12, 0.1).dtype == torch.bfloat16
+    compiles_to_one_graph(lambda *t: fused(*ids, *t, 1e-12, 0.0), *tables)
 
 
 # ---- cross-entropy over the vocabulary ---------------------------------------------------------
@@ -222,18 +235,20 @@ def test_cross_entropy_kernel(dtype, triton_path):
     weights = torch.rand(rows, generator=torch.Generator().manual_seed(2))
     weights[[0, 4]] = 0.0
     tol = TOL if dtype == torch.float32 else BF16_TOL
-    check_fwd_bwd(lambda f: cross_entropy_sum(f[:, :vocab], labels, weights) * 1.5,
+
+    def fused(logits, labels=labels):
+        return cross_entropy_sum(logits[:, :vocab], labels, weights, kernels=triton_path)
+
+    check_fwd_bwd(lambda f: fused(f) * 1.5,
                   lambda f: cross_entropy_sum_reference(f[:, :vocab], labels, weights) * 1.5,
                   [full], tol=tol)
-    grad, = torch.autograd.grad(cross_entropy_sum(full[:, :vocab], labels, weights), [full])
+    grad, = torch.autograd.grad(fused(full), [full])
     assert not grad[[0, 4]].any() and not grad[:, vocab:].any()
     other = full.detach().clone()
     other[[0, 4]] = float("inf")
-    assert cross_entropy_sum(other[:, :vocab], labels, weights).item() == pytest.approx(
-        cross_entropy_sum(full[:, :vocab], labels, weights).item(), rel=1e-6)
+    assert fused(other).item() == pytest.approx(fused(full).item(), rel=1e-6)
     if dtype == torch.float32:
-        compiles_to_one_graph(lambda f: cross_entropy_sum(f[:, :vocab], labels.long(), weights),
-                              full)
+        compiles_to_one_graph(lambda f: fused(f, labels.long()), full)
 
 
 def test_cross_entropy_op_returns_the_row_log_sum_exp(triton_interpreter):
@@ -290,13 +305,14 @@ def test_lamb_dispatch_and_trust_ratio_edge_cases(triton_path):
           {"params": [params[1]], "weight_decay": 0.0, "layer_adaptation": True}],
          lr=0.1, eps=1e-6).step()
     m, v = torch.zeros_like(w), torch.zeros_like(w)
-    lamb_step(layout, w, grads, m, v, lr=0.1, betas=(0.9, 0.999), eps=1e-6, step=1)
+    lamb_step(layout, w, grads, m, v, lr=0.1, betas=(0.9, 0.999), eps=1e-6, step=1,
+              kernels=triton_path)
     torch.testing.assert_close(w, torch.cat([p.detach() for p in params]), rtol=1e-6, atol=1e-7)
 
 
 # ---- the model on the Triton path ---------------------------------------------------------------
 
-def test_model_on_the_triton_path_equals_the_plain_path(monkeypatch, triton_interpreter):
+def test_model_on_the_triton_path_equals_the_plain_path(triton_path):
     """A 2-layer BertForPreTraining (fp32, dropout 0) on a packed batch: with every kernel
     function on its Triton path (interpreted) the loss and every gradient equal the plain path's,
     and each fused op the model calls ran its Triton kernels, forward and backward."""
@@ -315,7 +331,7 @@ def test_model_on_the_triton_path_equals_the_plain_path(monkeypatch, triton_inte
         return [loss.detach(), *(p.grad for p in model.parameters())]
 
     plain = loss_and_grads()
-    monkeypatch.setattr(backend, "use_triton", lambda x: True)
+    model.use_kernels(triton_path)
     with CustomOps() as ops:
         fused = loss_and_grads()
     assert ops.names == {f"bertperf::{op}{end}" for end in ("", "_backward") for op in (

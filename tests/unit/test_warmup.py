@@ -21,22 +21,21 @@ def run(env: dict, monkeypatch, warm: bool) -> tuple[list[float], dict, list[str
     torch._dynamo.reset()
     counters.clear()
     losses, seen = [], {}
-    real_step, real_loop = loop.train_step, loop.run_loop
+    real_step = loop.train_step
 
     def recording(step, micro):
         loss = real_step(step, micro)
         losses.append(float(loss))
         return loss
 
-    def counted(trainer, report):
-        seen["run_start"] = dict(counters["stats"])
-        monkeypatch.setattr(loop, "train_step", recording)
-        return real_loop(trainer, report)
+    class Counted(loop.LoopEvents):
+        def run_start(self, trainer):
+            seen["run_start"] = dict(counters["stats"])
+            monkeypatch.setattr(loop, "train_step", recording)
 
-    monkeypatch.setattr(loop, "run_loop", counted)
     if not warm:
         monkeypatch.setattr(loop, "warm_up", lambda trainer: None)
-    assert loop.main(config.load(env)) == 0
+    assert loop.main(config.load(env), events=Counted()) == 0
     monkeypatch.undo()
     seen["end"] = dict(counters["stats"])
     log = env["MLLOG_FILE"]
@@ -74,3 +73,32 @@ def test_an_uncompiled_cpu_run_has_no_warm_up(packed_env, tmp_path, monkeypatch)
     from bertperf import config
     assert loop.main(config.load(env)) == 0
     assert len(called) == 2  # the run's two steps only
+
+
+def test_the_warm_up_puts_back_every_checkpoint_part(packed_env, tmp_path):
+    """After warm_up (COMPILE=eager) every part the checkpointer saves (Trainer.parts) holds the
+    state it held before, tensor for tensor."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from bertperf.train import loop
+    from tests.support.packed import trainer_for
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = trainer_for(packed_env, tmp_path, COMPILE="eager", MAX_STEPS="4")
+    before = loop._to_host(trainer.checkpointer.states())
+    loop.warm_up(trainer)
+    after = loop._to_host(trainer.checkpointer.states())
+    assert list(after) == list(before) and "optimizer" in after and "rng" in after
+
+    def same(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return torch.equal(a, b)
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return a == b
+    assert counters["stats"]["unique_graphs"] >= 1  # the warm-up compiled its steps
+    for name in before:
+        assert same(before[name], after[name]), name

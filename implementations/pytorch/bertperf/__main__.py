@@ -26,6 +26,9 @@ COMMANDS = {
     "submission": ("bertperf.mlperf.submission_cli",
                    "assemble an MLPerf submission folder (<OUT>/<Org>/...) from a run directory"),
     "bench": ("bertperf.bench.cli", "benchmarks (each prints a table)"),
+    "model": ("bertperf.perfmodel.cli",
+              "a performance model (a prediction, not a measurement): the step on an A100 and an "
+              "H100, DGX A100 and commodity clusters, layerwise training"),
 }
 
 

@@ -2,9 +2,9 @@
 
 A command table maps each name to (module, one-line help). The module either defines
 `add_arguments(parser)` and `run(args)` (its docstring becomes the command's description), or is
-itself a group with a COMMANDS table of its own (`prep`, `bench`). Only the module of the command
-on the command line is imported, so `python -m bertperf --help`, `prep --help` and every `prep`
-stage start without loading what other commands need (PyTorch above all).
+itself a group with a COMMANDS table of its own (`prep`, `bench`, `model`). Only the module of
+the command on the command line is imported, so `python -m bertperf --help`, `prep --help` and
+every `prep` stage start without loading what other commands need (PyTorch above all).
 """
 
 from __future__ import annotations

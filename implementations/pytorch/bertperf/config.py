@@ -2,10 +2,10 @@
 NVIDIA's `run_and_time.sh` where it has one) and then from command-line flags.
 
 This is the only module of bertperf that reads environment variables. Every tunable field is a
-`setting`: its variable's name, parser, help text and whether it shapes the loss curve live in
-its metadata; its flag is the field name with dashes (`batch_size` -> `--batch-size`). Defaults
-are run_and_time.sh's; BATCHSIZE, LR and MAX_STEPS have none there and are required here too.
-"""
+`setting`: its variable's name, parser, help text, the values it takes and whether it shapes
+the loss curve live in its metadata; its flag is the field name with dashes (`batch_size` ->
+`--batch-size`). Defaults are run_and_time.sh's; BATCHSIZE, LR and MAX_STEPS have none there and
+are required here too. Combinations of settings are checked in bertperf.train.allowed."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from bertperf.benchmark import CLOSED, DIVISIONS, OPEN, TARGET_ACCURACY
+from bertperf.benchmark import CLOSED, DIVISIONS, TARGET_ACCURACY
 from bertperf.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -83,12 +83,13 @@ fp8_mode.what = "yes/no value (1/0, true/false, yes/no, on/off) or emulate"
 
 
 def setting(env: str, conv: Callable[[str], Any], default: Any = None, *, doc: str,
-            curve: bool = False) -> Any:
+            curve: bool = False, choices: tuple[str, ...] | None = None) -> Any:
     """A field set by the variable `env` (and its flag), parsed by `conv`. `doc` is its help
     text (`train --help`); `curve`: the value shapes the loss curve, so a run resuming a
-    checkpoint must have the checkpoint's value (`fingerprint`)."""
+    checkpoint must have the checkpoint's value (`fingerprint`); `choices`: the values it takes
+    (`validate`)."""
     return field(default=default, metadata={"env": env, "conv": conv, "doc": doc,
-                                            "curve": curve})
+                                            "curve": curve, "choices": choices})
 
 
 def doc(f: Any) -> str:
@@ -121,7 +122,7 @@ class DataConfig:
     train_dir: Path | None = setting("DATADIR_PHASE2", Path, doc="""
         Folder of training shards: unpadded (`prep unpad`, `prep chop`), packed (`prep pack`) or
         length-stratified (a `prep stratify` output: its bin folders and stratify.json).""")
-    layout: str | None = setting("LAYOUT", str, curve=True, doc="""
+    layout: str | None = setting("LAYOUT", str, curve=True, choices=LAYOUTS, doc="""
         How the trainer batches them: "varlen" (unpadded shards: BATCHSIZE sequences of their
         own lengths per micro-batch) or "packed" (packed shards: BATCHSIZE rows of
         max_seq_length tokens holding up to 3 sequences each; every tensor of the step keeps one
@@ -144,11 +145,12 @@ class DataConfig:
         one (`eval_varlength/part_eval_10k.hdf5`); every sample of it is evaluated.""")
     prefetch: int = setting("PREFETCH", int, 2, doc="""
         Training micro-batches built ahead on the loader's thread (0 = none).""")
-    verify: str = setting("DATA_VERIFY", str, "md5", doc="""
+    verify: str = setting("DATA_VERIFY", str, "md5", choices=VERIFY_MODES, doc="""
         Check the shards and the eval file against their folders' MANIFEST.json before training
         (bertperf.train.preflight): "md5" (sizes, and md5s spread over the ranks), "size" or
         "none".""")
-    loader_split: str = setting("LOADER_SPLIT", str, "global_batch", curve=True, doc="""
+    loader_split: str = setting("LOADER_SPLIT", str, "global_batch", curve=True,
+                                choices=LOADER_SPLITS, doc="""
         How ranks share the epoch (bertperf.data.order): "global_batch" (default): each global
         batch of WORLD_SIZE*BATCHSIZE consecutive samples of the one epoch stream is cut into
         per-rank parts, so the run's batches, and so its result, do not depend on the number of
@@ -208,7 +210,8 @@ class OptimConfig:
         gathered; trust ratios still per whole tensor). 0 (default): every rank holds and steps
         the whole optimizer, as MLPerf's reference. The same training within rounding;
         checkpoints hold whole tensors either way and resume with either setting.""")
-    grad_comm: str = setting("GRAD_COMM", str, "allreduce", curve=True, doc="""
+    grad_comm: str = setting("GRAD_COMM", str, "allreduce", curve=True, choices=GRAD_COMMS,
+                             doc="""
         How gradients cross the network between ranks (bertperf.train.comm; every mode but
         allreduce is open division only, for slow networks): "allreduce" (default: DDP's fp32
         all-reduce), "bf16" / "fp16" (each gradient bucket all-reduced in that type: half the
@@ -254,11 +257,11 @@ class TrainConfig:
     seed: int = setting("SEED", int, 0, curve=True, doc="""
         Seed of model init, dropout and data order: 0 to 2**32 - 1 (what numpy's and torch's
         generators both take).""")
-    precision: str = setting("PRECISION", str, "fp32", curve=True, doc="""
+    precision: str = setting("PRECISION", str, "fp32", curve=True, choices=PRECISIONS, doc="""
         fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling). Meant for GPUs: on a
         CPU without bf16/fp16 matmul instructions they are emulated, many times slower than
         fp32: the trainer then warns with the matmul slowdown it measures (docs/performance.md).""")
-    device: str = setting("DEVICE", str, "auto", doc="""
+    device: str = setting("DEVICE", str, "auto", choices=DEVICES, doc="""
         cuda, cpu or auto (cuda:LOCAL_RANK when CUDA is available).""")
     log_every: int = setting("LOG_FREQ", int, 10, doc="""
         A progress line every this many optimizer steps (0 = none); the losses, kept on the
@@ -268,7 +271,7 @@ class TrainConfig:
         (default) and 1 where they can (CUDA tensors, Triton installed; 1 refuses a machine
         where they cannot), 0 plain PyTorch everywhere (the baseline `bench train` compares
         with). The same numerics within rounding either way.""")
-    compile: str = setting("COMPILE", str, "none", doc="""
+    compile: str = setting("COMPILE", str, "none", choices=COMPILE_BACKENDS, doc="""
         LAYOUT=packed: torch.compile the micro-step (forward, loss, backward) with this backend:
         none, inductor, or aot_eager / eager (no code generation; tests).""")
     use_cuda_graph: bool = setting("USE_CUDA_GRAPH", yes_no, False, doc="""
@@ -289,7 +292,8 @@ class TrainConfig:
         submission_org of the MLPerf log.""")
     submission_platform: str = setting("SUBMISSION_PLATFORM", str, "unknown", doc="""
         submission_platform of the MLPerf log.""")
-    submission_division: str = setting("SUBMISSION_DIVISION", str, CLOSED, doc="""
+    submission_division: str = setting("SUBMISSION_DIVISION", str, CLOSED, choices=DIVISIONS,
+                                       doc="""
         closed (the benchmark as defined: target 0.720) or open (anything else, e.g. the demo's
         tiny BERT and its own target; the open-division rules have no accuracy target).""")
     cache_clear: bool = setting("CACHE_CLEAR", yes_no, False, doc="""
@@ -346,22 +350,26 @@ class LayerwiseConfig:
         "4:20000,8:20000,12:40000,12:all" (MSLT, then the whole model). A stage begins at the first step after the
         samples of the earlier ones are trained; the last must begin within MAX_STEPS. Needs
         SUBMISSION_DIVISION=open.""")
-    layerwise_train: str = setting("LAYERWISE_TRAIN", str, "all", curve=True, doc="""
+    layerwise_train: str = setting("LAYERWISE_TRAIN", str, "all", curve=True,
+                                   choices=LAYERWISE_TRAIN, doc="""
         Which parameters a stage after the first trains: "all" (progressive stacking) or "new"
         (MSLT: only the layers the stage adds, the pooler and the heads; the embeddings, with
         the MLM decoder's tied matrix, and the layers below are frozen: requires_grad off, run
         forward under no_grad, in no optimizer or gradient reduction). The first stage trains
         everything.""")
-    layerwise_init: str = setting("LAYERWISE_INIT", str, "copy", curve=True, doc="""
+    layerwise_init: str = setting("LAYERWISE_INIT", str, "copy", curve=True,
+                                  choices=LAYERWISE_INIT, doc="""
         A stage's new layers: "copy" of the top trained layers (layer j of the new ones takes
         the weights of layer L-k+(j mod k), L the old depth, k = min(L, layers added): 3 -> 6
         stacks layers 0-2 on themselves) or "fresh" (BERT's random init, drawn with the whole
         model at the start).""")
-    layerwise_optimizer: str = setting("LAYERWISE_OPTIMIZER", str, "reset", curve=True, doc="""
+    layerwise_optimizer: str = setting("LAYERWISE_OPTIMIZER", str, "reset", curve=True,
+                                       choices=LAYERWISE_OPTIMIZER, doc="""
         LAMB at a stage boundary: "reset" (moments and step count from zero) or "copy" (a
         parameter that trained before keeps its moments, a copied layer takes its source's, the
         step count goes on; the rest start at zero).""")
-    layerwise_schedule: str = setting("LAYERWISE_SCHEDULE", str, "continue", curve=True, doc="""
+    layerwise_schedule: str = setting("LAYERWISE_SCHEDULE", str, "continue", curve=True,
+                                      choices=LAYERWISE_SCHEDULE, doc="""
         The LR schedule at a stage boundary: "continue" (the one schedule over MAX_STEPS goes on)
         or "restart" (warm-up again from the boundary, then the decay over the steps left to
         MAX_STEPS).""")
@@ -393,29 +401,6 @@ def layerwise_stages(text: str) -> list[tuple[int, int | None, str | None]]:
                             f"the one before ({stages[-1][0]}); stages only add layers")
         stages.append((layers, samples, mode))
     return stages
-
-
-def _validate_layerwise(cfg: RunConfig) -> None:
-    """LAYERWISE_* values, the stages' syntax and the open division (the last stage against the
-    model, the stages against MAX_STEPS: train.checks.check_run)."""
-    lw = cfg.layerwise
-    for key, value, allowed in (("LAYERWISE_TRAIN", lw.layerwise_train, LAYERWISE_TRAIN),
-                                ("LAYERWISE_INIT", lw.layerwise_init, LAYERWISE_INIT),
-                                ("LAYERWISE_OPTIMIZER", lw.layerwise_optimizer,
-                                 LAYERWISE_OPTIMIZER),
-                                ("LAYERWISE_SCHEDULE", lw.layerwise_schedule, LAYERWISE_SCHEDULE)):
-        if value not in allowed:
-            raise UserError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
-    if lw.layerwise is None:
-        return
-    stages = layerwise_stages(lw.layerwise)
-    for i, (layers, _, mode) in enumerate(stages[1:], 1):
-        if (mode or lw.layerwise_train) == "new" and layers == stages[i - 1][0]:
-            raise UserError(f"LAYERWISE={lw.layerwise!r}: stage {i + 1} trains only new layers "
-                            f"and adds none ({layers} after {layers}); end it in :all")
-    if cfg.train.submission_division != OPEN:
-        raise UserError(f"LAYERWISE is an open-division method: set SUBMISSION_DIVISION=open "
-                        f"(not {cfg.train.submission_division})")
 
 
 # ---- end of layerwise training ------------------------------------------------------------------
@@ -671,9 +656,9 @@ def environment_warnings(environ: Mapping[str, str],
 
 
 def validate(cfg: RunConfig) -> None:
-    """One-line UserErrors for what would fail later (or silently do the wrong thing)."""
-    if cfg.train.device not in DEVICES:
-        raise UserError(f"DEVICE must be one of {', '.join(DEVICES)}, not {cfg.train.device!r}")
+    """One-line UserErrors for what would fail later (or silently do the wrong thing); the
+    combinations of settings are train.allowed's."""
+    _check_choices(cfg)
     for key, value in (("BATCHSIZE", cfg.train.batch_size), ("LR", cfg.optim.lr),
                        ("MAX_STEPS", cfg.optim.max_steps)):
         if value is None:
@@ -688,44 +673,27 @@ def validate(cfg: RunConfig) -> None:
                         f" {why}")
     if why := _path_problem(cfg.data.eval_file, "file"):
         raise UserError(f"eval file {cfg.data.eval_file} (EVAL_FILE / --eval-file) {why}")
-    if cfg.data.loader_split not in LOADER_SPLITS:
-        raise UserError(f"LOADER_SPLIT must be one of {', '.join(LOADER_SPLITS)}, "
-                        f"not {cfg.data.loader_split!r}")
-    if cfg.data.layout is not None and cfg.data.layout not in LAYOUTS:
-        raise UserError(f"LAYOUT must be one of {', '.join(LAYOUTS)}, not {cfg.data.layout!r}")
     if not 0.0 < cfg.data.masked_lm_prob <= 1.0 or not cfg.data.packing_factor >= 1.0:
         raise UserError(f"MASKED_LM_PROB must be in (0, 1] and PACKING_FACTOR at least 1, got "
                         f"{cfg.data.masked_lm_prob} and {cfg.data.packing_factor}")
-    if cfg.train.compile not in COMPILE_BACKENDS:
-        raise UserError(f"COMPILE must be one of {', '.join(COMPILE_BACKENDS)}, "
-                        f"not {cfg.train.compile!r}")
-    if cfg.train.precision not in PRECISIONS:
-        raise UserError(f"PRECISION must be one of {', '.join(PRECISIONS)}, "
-                        f"not {cfg.train.precision!r}")
-    if cfg.train.submission_division not in DIVISIONS:
-        raise UserError(f"SUBMISSION_DIVISION must be one of {', '.join(DIVISIONS)}, "
-                        f"not {cfg.train.submission_division!r}")
-    if cfg.optim.grad_comm not in GRAD_COMMS:
-        raise UserError(f"GRAD_COMM must be one of {', '.join(GRAD_COMMS)}, "
-                        f"not {cfg.optim.grad_comm!r}")
-    if cfg.optim.grad_comm != "allreduce" and cfg.train.submission_division != OPEN:
-        raise UserError(f"GRAD_COMM={cfg.optim.grad_comm} is an open-division method: set "
-                        f"SUBMISSION_DIVISION=open (not {cfg.train.submission_division})")
-    if cfg.train.submission_division == CLOSED and cfg.train.target_accuracy != TARGET_ACCURACY:
-        raise UserError(f"TARGET_MLM_ACCURACY={cfg.train.target_accuracy}: the closed division's "
-                        f"target is {TARGET_ACCURACY} (set SUBMISSION_DIVISION=open for another "
-                        "target)")
     if not 0.0 < cfg.train.target_accuracy <= 1.0:
         raise UserError(f"TARGET_MLM_ACCURACY must be in (0, 1], got {cfg.train.target_accuracy}")
-    if cfg.data.verify not in VERIFY_MODES:
-        raise UserError(f"DATA_VERIFY must be one of {', '.join(VERIFY_MODES)}, "
-                        f"not {cfg.data.verify!r}")
     init = cfg.model.init_checkpoint
     if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
         raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "
                         f"({init}.index)")
     _validate_checkpoint(cfg.checkpoint)
-    _validate_layerwise(cfg)
+    if cfg.layerwise.layerwise is not None:
+        layerwise_stages(cfg.layerwise.layerwise)
+
+
+def _check_choices(cfg: RunConfig) -> None:
+    """Every setting with `choices` holds one of them (or is unset)."""
+    for section, f in section_fields():
+        value, choices = getattr(getattr(cfg, section), f.name), f.metadata.get("choices")
+        if choices is not None and value is not None and value not in choices:
+            raise UserError(f"{f.metadata['env']} must be one of {', '.join(choices)}, "
+                            f"not {value!r}")
 
 
 def _path_problem(path: Path | None, want: str) -> str | None:
@@ -741,15 +709,12 @@ def _path_problem(path: Path | None, want: str) -> str | None:
 
 
 def _validate_checkpoint(ck: CheckpointConfig) -> None:
-    """CHECKPOINT_* / RESUME_FROM checks (kept apart from the rest of validate)."""
+    """CHECKPOINT_EVERY's range and RESUME_FROM's file (what they need of CHECKPOINT_DIR:
+    train.allowed)."""
     if ck.checkpoint_every < 0:
         raise UserError(f"CHECKPOINT_EVERY must be >= 0, got {ck.checkpoint_every}")
-    if ck.checkpoint_every and ck.checkpoint_dir is None:
-        raise UserError("CHECKPOINT_EVERY needs CHECKPOINT_DIR (--checkpoint-dir)")
-    if ck.resume_from == "auto":
-        if ck.checkpoint_dir is None:
-            raise UserError("RESUME_FROM=auto needs CHECKPOINT_DIR (--checkpoint-dir)")
-    elif ck.resume_from is not None and (why := _path_problem(Path(ck.resume_from), "file")):
+    if ck.resume_from not in (None, "auto") and \
+            (why := _path_problem(Path(ck.resume_from), "file")):
         auto = " (RESUME_FROM=auto takes the newest checkpoint in CHECKPOINT_DIR)" \
             if Path(ck.resume_from).is_dir() else ""
         raise UserError(f"checkpoint {ck.resume_from} (RESUME_FROM / --resume-from) {why}{auto}")

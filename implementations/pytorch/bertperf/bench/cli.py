@@ -11,10 +11,6 @@ COMMANDS = {
     "balance": ("bertperf.bench.balance",
                 "per-rank token and sum-L^2 imbalance of real global batches, before and after "
                 "data/balance.py places them"),
-    "scale": ("bertperf.bench.scale",
-              "a performance model: step time and time to train of the DGX A100 configs from 8 "
-              "to 1,024 GPUs, the dominant term at each, and the published MLPerf times; "
-              "--cluster commodity: PCIe GPU nodes on 10/25 Gb/s Ethernet, each GRAD_COMM mode"),
     "clip": ("bertperf.bench.clip",
              "gradient clipping before or after DDP's all-reduce on gloo ranks: the all-reduces' "
              "overlap with backward (profiler) and the difference in the step"),
@@ -25,6 +21,6 @@ COMMANDS = {
                   "layerwise training (progressive stacking, MSLT) against normal training on "
                   "the demo's data: time and samples to a target, step time per stage"),
     "train": ("bertperf.bench.train",
-              ("training speed of HF BertForPreTraining and of bertperf's switches on the same "
-               "samples, and a step-time model for the GPU")),
+              "training speed of HF BertForPreTraining and of bertperf's switches on the same "
+              "samples"),
 }

@@ -1,40 +1,46 @@
 """`python -m bertperf bench clip`: where gradient clipping sits against DDP's all-reduce, on W
 gloo ranks of this machine (one process and one thread each), with a BERT of --config's shape
-(dropout off) on synthetic batches (a different one per rank). Three ways to clip:
+(dropout off) on synthetic batches (a different one per rank). Every rank steps the trainer's own
+step (train.loop.build_step and train_step: one micro-batch, Lamb at 4e-4, fp32 on the CPU) in
+its two ways to clip:
 
-  after    DDP's own bucket all-reduces, then clipped_step clips the global norm of the averaged
-           gradient (the trainer's default, CLIP_BEFORE_ALLREDUCE=0)
+  after    DDP's own bucket all-reduces, then the step clips the global norm of the averaged
+           gradient (CLIP_BEFORE_ALLREDUCE=0, the default)
   bucket   bertperf.optim.bucket_clip: each rank clips each bucket before its all-reduce, in a
            DDP communication hook (CLIP_BEFORE_ALLREDUCE=1)
-  global   each rank clips its whole gradient to the global norm, then all-reduces it (the order
-           of the MLPerf TF reference; here backward under no_sync, then one all-reduce of the
-           flattened gradient): the norm needs the whole backward first
 
-Overlap (first table): a step is run twice (DDP rebuilds its buckets after the first), then once
-under torch.profiler; rank 0's events give, in ms from the start of backward: when the first
-all-reduce was launched (`c10d::allreduce_` on the main thread), when the last gradient was
-accumulated (the last `torch::autograd::AccumulateGrad`: backward's computation is over), how
-many of the all-reduces were launched before that, the time gloo's threads spent in all-reduces
-(`gloo:all_reduce`) before it, and when the step's gradients were all reduced (the end of
-backward with DDP's wait, or of the global clip's all-reduce): its distance from the last
-gradient is the communication left exposed. On a CPU with fewer cores than ranks x 2 the
-overlapped all-reduces compete with backward for the cores, so only the order of the events is
-meaningful here, not the times.
+The MLPerf TF reference's order (each rank clips its whole gradient, then one all-reduce) is not
+a trainer setting, so it is not measured here. DDP's buckets are the trainer's (DDP's default
+caps: a 1 MiB first bucket, 25 MiB after it).
+
+Overlap (first table): the step is run twice (DDP rebuilds its buckets after the first), then once
+under torch.profiler; rank 0's events give, in ms from the start of backward (the autograd
+engine's first node): when the first of backward's all-reduces was launched (`c10d::allreduce_`
+on the main thread; the step's all-reduce of the loss divisors, before the forward, is not
+counted), when the last gradient was accumulated (the last `torch::autograd::AccumulateGrad`:
+backward's computation is over), how many of the all-reduces were launched before that, the time
+gloo's threads spent in them (`gloo:all_reduce`) before it, and when the step's gradients were all
+reduced (DDP's last `copy_bucket_to_grad`, after its wait): its distance from the last gradient is
+the communication left exposed. On a CPU with fewer cores than ranks x 2 the overlapped
+all-reduces compete with backward for the cores, so only the order of the events is meaningful
+here, not the times.
 
 Numerics (second table): for each --max-norm, every rank starts from the same weights and batch
-(after one backward that lets DDP rebuild its buckets), and after and bucket each reduce and take
-one LAMB step: the averaged gradient's global norm before clipping (what after clips), the norms
-of the gradient each clipping hands to LAMB, the norm of their difference relative to after's,
-their cosine (1: the same direction, only the length differs), and the largest difference of
-the parameters after the step against the largest update of after. A max-norm no bucket
-reaches gives the same bits. The third table shows why: each of rank 0's buckets with its share
-of the elements (its threshold is max-norm * sqrt(share)), its share of the rank's squared
-gradient norm, and the coefficient the hook applied.
+(after one step that lets DDP rebuild its buckets, the weights, LAMB and the schedule put back),
+and after and bucket each take one step: the norm of the averaged gradient (the step's with
+MAX_GRAD_NORM=0: what after clips), the norms of the gradient each clipping hands to LAMB (read
+by an optimizer step pre-hook), the norm of their difference relative to after's, their cosine
+(1: the same direction, only the length differs), and the largest difference of the parameters
+after the step against the largest update of after. A max-norm no bucket reaches gives the same
+bits. The third table shows why: each of rank 0's buckets with its share of the elements (its
+threshold is max-norm * sqrt(share)), its share of the rank's squared gradient norm, and the
+coefficient the hook applied (train.parallel.Plan.hook_state's record).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime
 import os
@@ -44,8 +50,11 @@ from pathlib import Path
 
 from bertperf.errors import UserError
 
-MODES = ("after", "bucket", "global")
-LR = 4e-4
+MODES = {"after": False, "bucket": True}
+"""Each way to clip and its CLIP_BEFORE_ALLREDUCE."""
+LR, MAX_STEPS = 4e-4, 1000
+"""LAMB's learning rate; the schedule's length (its linear decay keeps the few steps' LR within
+0.3 % of LR)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,9 +67,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="transformer layers instead of the config's")
     p.add_argument("--batch", type=int, default=8, help="sequences a rank (default 8)")
     p.add_argument("--seq", type=int, default=128, help="max sequence length (default 128)")
-    p.add_argument("--bucket-mb", type=float, default=None,
-                   help="DDP's bucket_cap_mb (default: DDP's, as the trainer runs it: a 1 MiB "
-                        "first bucket, 25 MiB after it)")
     p.add_argument("--max-norm", default="1e9,1.0,0.3",
                    help="MAX_GRAD_NORM values of the numerics table (default 1e9,1.0,0.3)")
 
@@ -90,113 +96,115 @@ def _model(args: argparse.Namespace):
     return BertForPreTraining(config)
 
 
-def _batch(args: argparse.Namespace, rank: int, vocab: int):
-    """This rank's batch and the loss divisors (the step's masked tokens and sequences over all
-    ranks, over the world size, as the trainer divides)."""
+def run_config(args: argparse.Namespace, clip_before_allreduce: bool, max_norm: float):
+    """The trainer's settings for one way to clip: CLIP_BEFORE_ALLREDUCE, MAX_GRAD_NORM (0: no
+    clipping), LR, MAX_STEPS, BATCHSIZE, LAYOUT=varlen, PRECISION=fp32, DEVICE=cpu,
+    FUSED_KERNELS=0, FLAT_LAMB=0; the rest the trainer's defaults."""
+    from bertperf.config import RunConfig
+    cfg = RunConfig()
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, layout="varlen"),
+        optim=dataclasses.replace(cfg.optim, lr=LR, max_steps=MAX_STEPS, max_grad_norm=max_norm,
+                                  clip_before_allreduce=clip_before_allreduce, flat_lamb=False),
+        train=dataclasses.replace(cfg.train, batch_size=args.batch, precision="fp32",
+                                  device="cpu", fused_kernels=False))
+
+
+def _micro(args: argparse.Namespace, rank: int, vocab: int):
+    """This rank's micro-batch on the CPU, as the trainer's loader hands it over."""
     import torch
 
-    from bertperf.data.synthetic import synthetic_samples
     from bertperf.data.collate import collate_varlen
-    from bertperf.model import UnpaddedBatch
-    s = synthetic_samples(args.batch, seed=rank, max_seq_length=args.seq, max_pred=20,
-                          vocab_size=vocab)
-    masked = sum(len(synthetic_samples(args.batch, seed=r, max_seq_length=args.seq, max_pred=20,
-                                       vocab_size=vocab).mlm_ids) for r in range(args.world))
-    divisors = torch.tensor([masked, args.batch * args.world], dtype=torch.float64) / args.world
-    return UnpaddedBatch.from_arrays(collate_varlen(s)).inputs(), divisors
+    from bertperf.data.synthetic import synthetic_samples
+    from bertperf.train import loop
+    from bertperf.train.layout import LAYOUTS
+    arrays = collate_varlen(synthetic_samples(args.batch, seed=rank, max_seq_length=args.seq,
+                                              max_pred=20, vocab_size=vocab))
+    return loop.to_device({**arrays, "global_sequences": args.batch * args.world},
+                          LAYOUTS["varlen"].batch_type, torch.device("cpu"))
 
 
-class Trainee:
-    """The model under DDP, LAMB, and one mode's backward-and-reduce and step."""
+def _step(args: argparse.Namespace, dist, clip_before_allreduce: bool, max_norm: float):
+    """The trainer's step around a fresh model of the bench's weights."""
+    import torch
 
-    def __init__(self, args: argparse.Namespace, mode: str, max_norm: float) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        from bertperf.optim import make_optimizer, param_groups
-        from bertperf.optim.bucket_clip import clip_buckets_before_allreduce
-        self.mode, self.max_norm, self.world = mode, max_norm, args.world
-        self.core = _model(args)
-        self.opt = make_optimizer("lamb", param_groups(self.core, 0.01), lr=LR)
-        self.ddp = DistributedDataParallel(self.core, bucket_cap_mb=args.bucket_mb)
-        self.hook = clip_buckets_before_allreduce(self.ddp, max_norm) if mode == "bucket" \
-            else None
-
-    def backward(self, inputs: dict, divisors) -> None:
-        """Forward, backward and the gradients reduced (clipped by the hook, or by the global
-        clip before its all-reduce)."""
-        import torch
-        import torch.distributed as dist
-        from torch.profiler import record_function
-
-        from bertperf.optim import clip_grad_norm_
-        if self.mode != "global":
-            with record_function("bench:backward+reduce"):
-                self.ddp(**inputs, loss_divisors=divisors).loss.backward()
-            return
-        with self.ddp.no_sync():
-            loss = self.ddp(**inputs, loss_divisors=divisors).loss
-        with record_function("bench:backward+reduce"):
-            loss.backward()
-            grads = [p.grad for p in self.core.parameters()]
-            clip_grad_norm_(grads, self.max_norm)
-            flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.world)
-            dist.all_reduce(flat)
-            torch._foreach_copy_(grads, [t.view_as(g) for t, g in
-                                         zip(flat.split([g.numel() for g in grads]), grads)])
-
-    def step(self):
-        from bertperf.optim import clipped_step
-        return clipped_step(self.opt, self.max_norm if self.mode == "after" else None)
+    from bertperf.train import loop
+    return loop.build_step(run_config(args, clip_before_allreduce, max_norm), dist,
+                           torch.device("cpu"), _model(args))
 
 
 def _overlap(events) -> dict:
     """The first table's columns from one profiled step's events (module docstring)."""
-    main = [e for e in events if e.name == "bench:backward+reduce"]
+    main = [e for e in events if e.name == "bench:train_step"]
     if not main:
-        raise UserError("bench clip: the profiled step recorded no backward")
-    start, end = main[0].time_range.start, main[0].time_range.end
-    inside = [e for e in events if start <= e.time_range.start <= end]
-    launched = sorted(e.time_range.start for e in inside if e.name == "c10d::allreduce_")
-    grads_done = max(e.time_range.end for e in inside
-                     if e.name == "torch::autograd::AccumulateGrad")
-    gloo = [(e.time_range.start, e.time_range.end) for e in inside if e.name == "gloo:all_reduce"]
+        raise UserError("bench clip: the profiled step recorded nothing")
+    first, last = main[0].time_range.start, main[0].time_range.end
+    inside = [e for e in events if first <= e.time_range.start <= last]
+    backward = [e.time_range.start for e in inside
+                if e.name.startswith("autograd::engine::evaluate_function")]
+    grads = [e.time_range.end for e in inside if e.name == "torch::autograd::AccumulateGrad"]
+    copies = [e.time_range.end for e in inside
+              if e.name == "torch.distributed.ddp.reducer::copy_bucket_to_grad"]
+    if not (backward and grads and copies):
+        raise UserError("bench clip: the profiled step recorded no DDP backward")
+    start, grads_done = min(backward), max(grads)
+    launched = sorted(e.time_range.start for e in inside
+                      if e.name == "c10d::allreduce_" and e.time_range.start >= start)
+    gloo = [(e.time_range.start, e.time_range.end) for e in inside
+            if e.name == "gloo:all_reduce" and e.time_range.start >= start]
     overlapped = sum(max(0.0, min(b, grads_done) - a) for a, b in gloo)
     ms = 1e-3
     return {"allreduces": len(launched), "first": (launched[0] - start) * ms if launched else None,
             "grads_done": (grads_done - start) * ms,
             "before": sum(t < grads_done for t in launched),
             "overlapped": overlapped * ms, "gloo": sum(b - a for a, b in gloo) * ms,
-            "reduced": (end - start) * ms}
+            "reduced": (max(copies) - start) * ms}
 
 
-def _numerics(args: argparse.Namespace, inputs: dict, divisors, max_norm: float) -> dict:
-    """The second table's columns for one max-norm (module docstring)."""
+def _stepped(args: argparse.Namespace, dist, micro, clip_before_allreduce: bool,
+             max_norm: float) -> dict:
+    """One trainer step from the bench's weights (after a first step, undone, that lets DDP
+    rebuild its buckets): the gradients LAMB took, the parameters before and after, and the
+    bucket hook's record (None without the hook)."""
+    from bertperf.train import loop
+    step = _step(args, dist, clip_before_allreduce, max_norm)
+    plan = step.plan
+    saved = [copy.deepcopy(part.state_dict()) for part in (plan.core, plan.optimizer,
+                                                          step.scheduler)]
+    loop.train_step(step, [micro])
+    for part, state in zip((plan.core, plan.optimizer, step.scheduler), saved):
+        part.load_state_dict(state)
+    hook = plan.hook_state
+    if hook is not None:
+        hook.record = []
+    taken = []
+    handle = plan.optimizer.register_step_pre_hook(
+        lambda opt, a, kw: taken.extend(g.clone() for g in opt.step_grads()))
+    before = [p.detach().clone() for p in plan.core.parameters()]
+    loop.train_step(step, [micro])
+    handle.remove()
+    out = {"grads": taken, "before": before,
+           "params": [p.detach().clone() for p in plan.core.parameters()],
+           "record": None if hook is None else
+           [(n, float(norm) ** 2, float(coef)) for n, norm, coef in hook.record],
+           "total": None if hook is None else hook.total_numel}
+    plan.release()
+    return out
+
+
+def _numerics(args: argparse.Namespace, dist, micro, averaged: float, max_norm: float) -> dict:
+    """The second and third tables' columns for one max-norm (module docstring)."""
     import torch
 
     from bertperf.optim import global_grad_norm
-    out = {}
-    for mode in ("after", "bucket"):
-        t = Trainee(args, mode, max_norm)
-        t.backward(inputs, divisors)  # DDP's first backward: one bucket; rebuilt after it
-        t.opt.zero_grad()
-        if t.hook is not None:  # bucket: the buckets the hook clips, for the third table
-            hook = t.hook
-            hook.record = []
-        t.backward(inputs, divisors)
-        before = [p.detach().clone() for p in t.core.parameters()]
-        outcome = t.step()
-        grads = [p.grad.clone() for p in t.core.parameters()]  # as LAMB took them
-        out[mode] = {"norm": float(outcome.grad_norm), "grads": grads,
-                     "handed": float(global_grad_norm(grads)), "before": before,
-                     "params": [p.detach().clone() for p in t.core.parameters()]}
-    a, b = out["after"], out["bucket"]
+    a, b = (_stepped(args, dist, micro, MODES[mode], max_norm) for mode in MODES)
+    handed = {m: float(global_grad_norm(s["grads"])) for m, s in zip(MODES, (a, b))}
     diff = float(global_grad_norm([x - y for x, y in zip(a["grads"], b["grads"])]))
-    x, y = (torch.cat([g.double().reshape(-1) for g in m["grads"]]) for m in (a, b))
-    record = [(n, float(norm) ** 2, float(coef)) for n, norm, coef in hook.record]
-    squares = sum(sq for _, sq, _ in record)
-    return {"buckets": [(n, n / hook.total_numel, sq / squares, coef) for n, sq, coef in record],
-            "norm": a["norm"], "after": a["handed"], "bucket": b["handed"],
-            "rel": diff / max(a["handed"], 1e-30),
+    x, y = (torch.cat([g.double().reshape(-1) for g in s["grads"]]) for s in (a, b))
+    squares = sum(sq for _, sq, _ in b["record"])
+    return {"buckets": [(n, n / b["total"], sq / squares, coef) for n, sq, coef in b["record"]],
+            "norm": averaged, "after": handed["after"], "bucket": handed["bucket"],
+            "rel": diff / max(handed["after"], 1e-30),
             "cos": float(x @ y / (x.norm() * y.norm()).clamp(min=1e-30)),
             "params": max(float((p - q).abs().max()) for p, q in zip(a["params"], b["params"])),
             "update": max(float((p - q).abs().max()) for p, q in zip(a["params"], a["before"]))}
@@ -204,30 +212,33 @@ def _numerics(args: argparse.Namespace, inputs: dict, divisors, max_norm: float)
 
 def worker(rank: int, args: argparse.Namespace, store: str, queue) -> None:
     import torch
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
+    import torch.distributed as tdist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from bertperf.optim import global_grad_norm
+    from bertperf.train import loop
+    from bertperf.train.dist import Dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=args.world, timeout=datetime.timedelta(seconds=300))
-    vocab = _model(args).config.vocab_size
-    inputs, divisors = _batch(args, rank, vocab)
+    tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                             world_size=args.world, timeout=datetime.timedelta(seconds=300))
+    dist = Dist(rank, args.world)
+    micro = _micro(args, rank, _model(args).config.vocab_size)
     overlap = {}
-    for mode in MODES:
-        t = Trainee(args, mode, 1.0)
+    for mode, clip_before in MODES.items():
+        step = _step(args, dist, clip_before, 1.0)
         for _ in range(2):
-            t.backward(inputs, divisors)
-            t.step()
-            t.opt.zero_grad()
-        dist.barrier()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            t.backward(inputs, divisors)
-        t.step()
+            loop.train_step(step, [micro])
+        tdist.barrier()
+        with profile(activities=[ProfilerActivity.CPU]) as prof, \
+                record_function("bench:train_step"):
+            loop.train_step(step, [micro])
         overlap[mode] = _overlap(prof.events())
-    numerics = [(m, _numerics(args, inputs, divisors, m)) for m in args.norms]
+        step.plan.release()
+    averaged = float(global_grad_norm(_stepped(args, dist, micro, False, 0.0)["grads"]))
+    numerics = [(m, _numerics(args, dist, micro, averaged, m)) for m in args.norms]
     if rank == 0:
         queue.put({"overlap": overlap, "numerics": numerics})
-    dist.barrier()
-    dist.destroy_process_group()
+    dist.close()
 
 
 # ---- the command -------------------------------------------------------------------------------
@@ -244,8 +255,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench clip, {datetime.date.today()}: {platform.machine()} {platform.system()}, "
           f"{os.cpu_count()} cores; torch {torch.__version__}, gloo, one thread a rank; "
           f"BERT {args.config} ({model.config.num_hidden_layers} layers, {params:,} parameters), "
-          f"{args.batch} sequences of up to {args.seq} tokens a rank; DDP bucket_cap_mb "
-          f"{args.bucket_mb if args.bucket_mb is not None else 'default'}\n")
+          f"{args.batch} sequences of up to {args.seq} tokens a rank; the trainer's step, DDP's "
+          "default buckets\n")
     context = mp.get_context("spawn")
     results = {}
     for world in worlds:

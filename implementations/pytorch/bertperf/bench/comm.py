@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 from bertperf import reaper
-from bertperf.bench import cpu_name
 from bertperf.config import GRAD_COMMS as MODES
 from bertperf.errors import UserError
+from bertperf.host import cpu_name
 
 BERT_LARGE_PARAMS = 335_000_000
 ETHERNET_BITS = 10e9

@@ -1,9 +1,9 @@
 """`python -m bertperf bench layerwise`: layerwise training (LAYERWISE, bertperf.train.layerwise)
 against normal training, the trainer itself run in this process on one CPU rank (--threads
 threads), on the demo's data (`make demo`: FOLDOC, 128-token samples; --eval-samples of its
-2,000-sample eval set, evenly spaced),
-with a BERT of --layers layers of width --hidden (dropout 0.1), the same data order, seed and LR
-schedule (--samples samples, warm-up the first 10 %) for every run:
+2,000-sample eval set, evenly spaced), with a BERT of --layers layers of width --hidden (dropout
+0.1), the same data order, seed and LR schedule (--samples samples, warm-up the first 10 %) for
+every run:
 
   normal    the whole model from the first step (seeds --seed and --seed + 1: the run-to-run
             spread)
@@ -17,52 +17,33 @@ schedule (--samples samples, warm-up the first 10 %) for every run:
 Clocks (--clock): wall time, or the process's CPU time (`cpu`: what the run's own threads
 spent, the loader's prefetch thread included; steadier than wall time on a machine other work
 shares). A run's training time is the clock's time in the training loop without its evals (every
---eval-every samples, on the whole eval set); the step times are train_step's, and the frozen
-forward the time from the embeddings' start to the last frozen layer's end inside train_step
-(forward hooks). First table, per run: samples and training seconds to --target (the first eval
-at or above it), that time over normal training's (seed --seed), the accuracy at normal's
-time-to-target (the last eval by then), the final accuracy and the total training time. Second
-table, per stage: depth, trained layers, steps, median step time and the frozen forward's mean
-share of it. Goal: the target in <= 0.6 x normal training's time, the final accuracy within the
-two normal seeds' spread.
-
---gpu-model, alone (no data, no training; a calibrated model's prediction, not a measurement):
-BERT-large's step in each stage of normal training, stacking (6 -> 12 -> 24 layers) and MSLT
-(6, 12, 18, 24 layers training the newest 6, then all 24; GPU_RUNS) on one 8-GPU DGX A100 node,
-bench scale's config_DGXA100_1x8x56x1.sh (56 sequences a GPU, varlen, bf16): bench train's traced
-step with the model staged by bertperf.train.layerwise itself (frozen layers forward only),
-priced on the A100 by bench/roofline.py; DDP's all-reduce of the trained parameters' buckets and
-their LAMB step as bench scale models them; each run's time to train the RCP's mean samples,
-split in GPU_RUNS' proportions, against normal's. Equal samples for every run: whether stacking
-or MSLT converge in them the model cannot tell. Evals are priced as bench scale prices them (a
-third of the stage's micro-step per eval micro-batch), which undercounts a frozen stage's eval
-(evals are about 2 % of the time).
+--eval-every samples, on the whole eval set), read at the loop's events (train.loop.LoopEvents);
+the step times are the loop's steps (train_step and its counting), and the frozen forward the
+time from the embeddings' start to the last frozen layer's end inside a step (forward hooks).
+First table, per run: samples and training seconds to --target (the first eval at or above it),
+that time over normal training's (seed --seed), the accuracy at normal's time-to-target (the
+last eval by then), the final accuracy and the total training time. Second table, per stage:
+depth, trained layers, steps, median step time and the frozen forward's mean share of it.
+Goal: the target in <= 0.6 x normal training's time, the final accuracy within the two normal
+seeds' spread.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import platform
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from bertperf.bench import cpu_name
 from bertperf.errors import UserError
-
-if TYPE_CHECKING:
-    from bertperf.bench.scale import Compute, Prediction, Run
-    from bertperf.model import BertConfig
+from bertperf.host import cpu_name
+from bertperf.train.loop import LoopEvents
 
 GOAL = 0.6
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -98,10 +79,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default the first four)")
     p.add_argument("--out", default=None, help="folder for the runs' MLPerf logs (default: a "
                                                "temporary one)")
-    p.add_argument("--gpu-model", action="store_true",
-                   help="only the GPU model: BERT-large's step in each stage priced on the "
-                        "A100 and the predicted time to train on one 8-GPU DGX A100 node (no "
-                        "data, no training)")
 
 
 def schedules(layers: int, stage: int) -> dict[str, dict[str, str]]:
@@ -119,9 +96,9 @@ def schedules(layers: int, stage: int) -> dict[str, dict[str, str]]:
     }
 
 
-class Recorder:
-    """The clocks of one run, through wrappers around the loop's run_loop, train_step and
-    mlm_accuracy and forward hooks on the model (module docstring)."""
+class Recorder(LoopEvents):
+    """The clocks of one run, read at the loop's events and by forward hooks on the model
+    (module docstring)."""
 
     def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
         self.now = now
@@ -130,60 +107,48 @@ class Recorder:
         self.evals: list[tuple[int, float, float]] = []  # samples, accuracy, training seconds
         self.steps: list[tuple[int, int, float, float]] = []  # depth, frozen, seconds, frozen s
         self.in_step = False
+        self.step_began = self.eval_began = self.eval_at = 0.0
         self.frozen_start = self.frozen_seconds = 0.0
-        self.trainer = None
+        self.encoder = None
 
     def clock(self) -> float:
         return self.now() - self.t0 - self.eval_seconds
 
-    def install(self, loop) -> dict:
-        real = {"run_loop": loop.run_loop, "train_step": loop.train_step,
-                "mlm_accuracy": loop.mlm_accuracy}
-
-        def run_loop(trainer, report):
-            self.trainer = trainer
-            self.hooks(trainer)
-            self.t0 = self.now()
-            return real["run_loop"](trainer, report)
-
-        def train_step(step, micro):
-            encoder = step.plan.core.bert.encoder
-            self.frozen_seconds, self.in_step = 0.0, True
-            start = self.now()
-            loss = real["train_step"](step, micro)
-            seconds = self.now() - start
-            self.in_step = False
-            self.steps.append((len(encoder.layer), getattr(encoder, "frozen", 0), seconds,
-                               self.frozen_seconds))
-            return loss
-
-        def mlm_accuracy(*args, **kwargs):
-            at = self.clock()
-            start = self.now()
-            accuracy = real["mlm_accuracy"](*args, **kwargs)
-            self.eval_seconds += self.now() - start
-            self.evals.append((self.trainer.progress.samples, float(accuracy), at))
-            return accuracy
-
-        loop.run_loop, loop.train_step, loop.mlm_accuracy = run_loop, train_step, mlm_accuracy
-        return real
-
-    def hooks(self, trainer) -> None:
+    def run_start(self, trainer) -> None:
         core = trainer.plan.core
-        encoder = core.bert.encoder
-        layers = trainer.stages.spare if trainer.stages.staged else list(encoder.layer)
+        self.encoder = core.bert.encoder
+        layers = trainer.stages.spare if trainer.stages.staged else list(self.encoder.layer)
 
         def begin(module, args):
             self.frozen_start = self.now()
 
         def end(i):
             def hook(module, args, out):
-                if self.in_step and getattr(encoder, "frozen", 0) == i + 1:
+                if self.in_step and getattr(self.encoder, "frozen", 0) == i + 1:
                     self.frozen_seconds += self.now() - self.frozen_start
             return hook
         core.bert.embeddings.register_forward_pre_hook(begin)
         for i, layer in enumerate(layers):
             layer.register_forward_hook(end(i))
+        self.t0 = self.now()
+
+    def step_start(self) -> None:
+        self.frozen_seconds, self.in_step = 0.0, True
+        self.step_began = self.now()
+
+    def step_end(self, step: int, samples: int) -> None:
+        seconds = self.now() - self.step_began
+        self.in_step = False
+        self.steps.append((len(self.encoder.layer), getattr(self.encoder, "frozen", 0), seconds,
+                           self.frozen_seconds))
+
+    def eval_start(self) -> None:
+        self.eval_at = self.clock()
+        self.eval_began = self.now()
+
+    def eval_end(self, samples: int, accuracy: float) -> None:
+        self.eval_seconds += self.now() - self.eval_began
+        self.evals.append((samples, float(accuracy), self.eval_at))
 
 
 def eval_subset(demo: Path, count: int, out: Path) -> Path:
@@ -214,12 +179,7 @@ def one_run(name: str, settings: dict[str, str], args, out: Path, model: Path,
            "DATA_VERIFY": "none", "LOGDIR": str(out), "MLLOG_FILE": str(out / f"{name}.txt"),
            **settings}
     recorder = Recorder(CLOCKS[args.clock])
-    real = recorder.install(loop)
-    try:
-        loop.main(config.load(env))
-    finally:
-        loop.run_loop, loop.train_step, loop.mlm_accuracy = (real["run_loop"], real["train_step"],
-                                                             real["mlm_accuracy"])
+    loop.main(config.load(env), events=recorder)
     return recorder
 
 
@@ -234,194 +194,7 @@ def accuracy_at(r: Recorder, seconds: float) -> float | None:
     return got[-1] if got else None
 
 
-# ---- the GPU model ------------------------------------------------------------------------------
-
-GPU_RUNS: dict[str, tuple[str, tuple[tuple[int, float, str], ...]]] = {
-    "normal": ("all", ((24, 1.0, ""),)),
-    "stacking": ("all", ((6, 0.125, ""), (12, 0.175, ""), (24, 0.70, ""))),
-    "mslt": ("new", ((6, 0.15, ""), (12, 0.15, ""), (18, 0.15, ""), (24, 0.15, ""),
-                     (24, 0.40, "all"))),
-}
-"""The runs the GPU model prices: LAYERWISE_TRAIN and the stages (layers, share of the samples,
-the stage's own :all/:new or ""). stacking: Gong et al.'s BERT-base reproduction (3 -> 6 -> 12
-layers for 50k, 70k, 280k updates) scaled to BERT-large's 24 layers: 6 -> 12 -> 24 for 12.5 %,
-17.5 %, 70 % of the samples. mslt: 6 layers more a stage, only the new ones trained, 15 % of the
-samples each, then the whole model 40 % (the demo's proportions: three stages of 20 %, then 40 %);
-the paper's schedule is not in its public abstract."""
-GPUS_PER_NODE = 8
-
-
-@dataclass(frozen=True)
-class StageStep:
-    """A stage's step as the trainer runs it, traced and priced (`stage_step`)."""
-
-    layers: int
-    frozen: int
-    """Layers run forward only (the trainer's StagedEncoder.frozen)."""
-    flops: float
-    """The traced step's FLOPs: forward, backward, gradient accumulation and optimizer."""
-    compute: Compute
-    trained: tuple[torch.Tensor, ...]
-    """The trained parameters in definition order, as meta tensors (DDP's buckets)."""
-
-
-@functools.cache
-def stage_step(config: BertConfig, batch: int, setting: str | None, train: str,
-               index: int) -> StageStep:
-    """The trainer's step in stage `index` of LAYERWISE=`setting` (None: unset, normal training)
-    and LAYERWISE_TRAIN=`train`, for a BERT of `config` at `batch` sequences: bench train's
-    traced step (train.trace_step: varlen, bf16, Triton kernels, FlatLamb, on fake tensors as on
-    CUDA) with its model staged by the trainer's own code (layerwise.Stages, then Stages.enter at
-    each boundary: the frozen layers under no_grad, what trains, the plan rebuilt over the
-    trained parameters), priced on the A100 (scale.priced). With LAYERWISE_SCHEDULE=restart:
-    continue's schedule reads its step count, which a fake tensor has not (the schedule changes
-    no kernel of the step)."""
-    from bertperf.bench import scale
-    from bertperf.bench import train as bench_train
-    from bertperf.train import layerwise, loop
-    from bertperf.train.checkpoint import Progress
-
-    real, built = loop.build_step, {}
-
-    def build_step(cfg, dist, device, core):
-        cfg = replace(cfg, layerwise=replace(cfg.layerwise, layerwise=setting,
-                                             layerwise_train=train,
-                                             layerwise_schedule="restart"))
-        stages = layerwise.Stages(cfg, core)
-        step = real(cfg, dist, device, core)
-        trainer = SimpleNamespace(**vars(step), progress=Progress(),
-                                  checkpointer=SimpleNamespace(parts={}))
-        for i in range(1, index + 1):
-            stages.enter(trainer, i, boundary=True)
-        step.plan, step.scheduler = trainer.plan, trainer.scheduler
-        built["core"] = core
-        return step
-
-    loop.build_step = build_step
-    try:
-        trace, segments, _ = bench_train.trace_step(
-            config, bench_train.model_steps(batch)["varlen"], "varlen", True)
-    finally:
-        loop.build_step = real
-    core = built["core"]
-    encoder = core.bert.encoder
-    trained = tuple(torch.empty(p.shape, dtype=p.dtype, device="meta")
-                    for p in core.parameters() if p.requires_grad)
-    return StageStep(len(encoder.layer), getattr(encoder, "frozen", 0),
-                     sum(op.flops for op in trace.ops),
-                     scale.priced(trace, segments, config, "stage model"), trained)
-
-
-def node_run(batch: int) -> Run:
-    """bench scale's run of one DGX A100 node (config_DGXA100_1x8x56x1.sh's shape at `batch`
-    sequences a GPU, varlen, no accumulation) converging in the mean samples of its global batch's
-    RCP row, evals at MLPerf's cadence."""
-    from bertperf.bench import scale
-    from bertperf.config import reference_eval_interval
-    from bertperf.mlperf.rcp import point_for
-
-    gbs = GPUS_PER_NODE * batch
-    point = point_for(gbs)
-    if point is None:
-        raise UserError(f"global batch {gbs} is not a BERT RCP row: its samples are unknown")
-    return scale.Run(f"1 x DGX A100, {GPUS_PER_NODE} x {batch}", 1, GPUS_PER_NODE, batch, 1,
-                     False, 1.0, sum(point.samples_to_converge) / len(point.samples_to_converge),
-                     f"RCP {gbs}", reference_eval_interval(gbs))
-
-
-def stage_setting(stages: tuple[tuple[int, float, str], ...], counts: list[int]) -> str | None:
-    """LAYERWISE for GPU_RUNS' stages with these samples (None for one stage: unset)."""
-    if len(stages) == 1:
-        return None
-    last = len(stages) - 1
-    return ",".join(f"{layers}" + (f":{n}" if i < last else "") + (f":{mode}" if mode else "")
-                    for i, ((layers, _, mode), n) in enumerate(zip(stages, counts)))
-
-
-@functools.cache
-def gpu_predictions(batch: int = 56) -> dict[str, list[tuple[StageStep, Prediction]]]:
-    """Each GPU_RUNS run's stages on one node (`node_run`): the stage's BERT-large step
-    (`stage_step`) and bench scale's prediction for the stage's share of the samples (its
-    all-reduce over the trained parameters' DDP buckets on bench scale's default network)."""
-    from bertperf.bench import scale
-    from bertperf.model import BertConfig
-
-    parser = argparse.ArgumentParser()
-    scale.add_arguments(parser)
-    net = scale.network(parser.parse_args([]))
-    config, base = BertConfig.large(), node_run(batch)
-    out = {}
-    for name, (train, stages) in GPU_RUNS.items():
-        counts = [round(share * base.samples) for _, share, _ in stages[:-1]]
-        counts.append(base.samples - sum(counts))
-        setting = stage_setting(stages, counts)
-        out[name] = []
-        for index, samples in enumerate(counts):
-            layers, _, mode = stages[index]  # the whole model training: normal's step
-            whole = layers == config.num_hidden_layers and (mode or train) == "all"
-            step = stage_step(config, batch, None, "all", 0) if whole else \
-                stage_step(config, batch, setting, train, index)
-            buckets = scale.gradient_buckets(None, list(step.trained))
-            out[name].append((step, scale.predict(replace(base, samples=samples), step.compute,
-                                                  buckets, net, 1.0)))
-    return out
-
-
-def print_gpu_model() -> None:
-    """The GPU model's table (module docstring)."""
-    from bertperf.bench import roofline, scale
-
-    t0 = time.perf_counter()
-    runs = gpu_predictions()
-    normal = runs["normal"][0][1]
-    base = normal.run
-    gpu = next(g for g in roofline.GPUS if g.name == scale.GPU)
-    print(f"GPU MODEL (a calibrated model's prediction, not a measurement): `python -m bertperf "
-          f"bench layerwise --gpu-model`, {time.strftime('%Y-%m-%d', time.gmtime())}, computed on "
-          f"{platform.machine()} {platform.system()} in {time.perf_counter() - t0:.0f} s")
-    print(f"BERT-large (24 layers) on one DGX A100 node: {base.gpus} {scale.GPU} GPUs, "
-          f"{base.batch} sequences a GPU (varlen, MLPerf's length quantiles; bench scale's "
-          f"config_DGXA100_1x8x56x1.sh), global batch {base.global_batch}, "
-          f"{base.samples:,.0f} samples in every run (the mean of its {base.samples_source} "
-          f"convergence points), evals every {base.eval_interval:,} samples")
-    print("each stage's step: the trainer's bf16 step (Triton kernels, FlatLamb) with its model "
-          "staged by bertperf.train.layerwise itself (frozen layers forward only under no_grad, "
-          "out of the optimizer and DDP), traced on fake tensors and priced by bench/roofline.py "
-          f"(GEMMs at {gpu.matmul_efficiency:.0%} of the tensor peak, attention at "
-          f"{gpu.attention_forward_efficiency:.0%}, memory at {gpu.memory_efficiency:.0%} of the "
-          "bandwidth: bench/anchors.csv); all-reduce: bench scale's NVSwitch model of DDP's "
-          "buckets of the trained parameters only (all but the last hidden under the backward); "
-          "optimizer: LAMB over the trained parameters; evals as bench scale prices them")
-    print("schedules: " + "; ".join(
-        f"{name}: " + " -> ".join(f"{layers}{' all' if mode == 'all' else ''} ({share:.1%})"
-                                  for layers, share, mode in stages)
-        + f", LAYERWISE_TRAIN={train}" for name, (train, stages) in GPU_RUNS.items()))
-    print("| run | stage | layers (frozen) | TFLOP a step a GPU | step ms: compute / all-reduce "
-          "exposed (of total) / optimizer | step ms | share of samples | hours |")
-    print("|---|---:|---|---:|---|---:|---:|---:|")
-    for name, stages in runs.items():
-        for i, (step, p) in enumerate(stages, 1):
-            t = p.terms
-            print(f"| {name} | {i} | {step.layers} ({step.frozen}) | {step.flops / 1e12:.1f} | "
-                  f"{t['compute'] * 1e3:.1f} / {p.exposed.total * 1e3:.1f} "
-                  f"({p.comm.total * 1e3:.1f}) / {t['optimizer'] * 1e3:.1f} | "
-                  f"{p.step_seconds * 1e3:.1f} | {p.run.samples / base.samples:.1%} | "
-                  f"{p.seconds_to_train / 3600:.3f} |")
-    total = {name: sum(p.seconds_to_train for _, p in stages) for name, stages in runs.items()}
-    print("\n| run | predicted time to train | x normal |")
-    print("|---|---:|---:|")
-    for name, seconds in total.items():
-        print(f"| {name} | {seconds / 3600:.3f} h ({seconds / 60:.1f} min) | "
-              f"{seconds / total['normal']:.2f} |")
-    print(f"\na model's prediction at equal samples: every run trains the same {base.samples:,.0f} "
-          "samples; whether stacking or MSLT reach the MLM target in as many the model cannot "
-          "know (the demo part of this bench measures that on CPU)")
-
-
 def run(args: argparse.Namespace) -> int:
-    if args.gpu_model:
-        print_gpu_model()
-        return 0
     demo = Path(args.demo)
     if not (demo / "unpadded").is_dir() or not (demo / "hdf5" / "eval" / "eval_10k.hdf5").is_file():
         raise UserError(f"{demo}: no demo data (unpadded/ and hdf5/eval/eval_10k.hdf5); make demo "

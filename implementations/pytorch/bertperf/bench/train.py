@@ -1,6 +1,5 @@
 """`python -m bertperf bench train`: training speed of HuggingFace's BertForPreTraining and of
-the trainer's own step with each of its switches on in turn, on the same samples in one process;
-then a step-time model for the GPU (bench/roofline.py), which is a model, not a measurement.
+the trainer's own step with each of its switches on in turn, on the same samples in one process.
 
 Every row starts from the same weights (bertperf's initialisation, in HF's names through
 bertperf.model.hf) and trains with LAMB (gradients clipped at norm 1.0; a line under the table
@@ -19,13 +18,13 @@ lengths packed in order, no files): warm-up steps, then timed steps. Rows:
                   + compile (COMPILE=inductor), + CUDA graphs (USE_CUDA_GRAPH=1), + FP8
                   (FP8=1: the encoder's GEMMs in FP8, bf16 and sm_89+ only), each row
                   adding one switch to the one before. A switch the trainer refuses here
-                  (train.parallel.check, train.checks.check_device: its own words), or the
-                  data or the GPU does not allow, is shown as "not available (why)" and left
+                  (train.allowed's rows on the settings and this machine: its own words), or
+                  the data or the GPU does not allow, is shown as "not available (why)" and left
                   out of the rows after; a row that fails (any error: out of memory, a
                   compiler's) is "failed (error)", and the rows after keep its switch
 
 Columns: sequences/s; real (unpadded) tokens/s; model TFLOP/s counted on real tokens
-(bench/flops.py: the same work for every row, whatever it pads); MFU against the dense matmul
+(model/flops.py: the same work for every row, whatever it pads); MFU against the dense matmul
 rate measured first on the same device (the FFN's GEMM at a step's token count, in the row's
 precision, best of three); peak memory (CUDA: max_memory_allocated; CPU: growth of the peak RSS);
 the loss of the last step (every row should land close to the others); speed relative to HF at
@@ -34,7 +33,7 @@ Every row's batches are checked to hold the same sequences.
 
 Each row's line is printed (and --report's file written) as soon as the row is measured, so a
 run stopped part-way keeps the rows before. --rows measures some of the rows (the switches of
-those left out still on in the rows after them); --no-model leaves out the step-time model.
+those left out still on in the rows after them).
 
 Default: this machine's CPU, BERT-large's layer shapes with 2 layers, 8 sequences (rows) a step,
 1 warm-up + 3 timed steps. `--config large --device cuda`: BERT-large, 56, 5 + 20 steps.
@@ -60,8 +59,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bertperf.bench import CALIBRATION_TOLERANCE, cpu_name
-from bertperf.bench.flops import train_flops
 from bertperf.bench.loader import _rss_kb
 from bertperf.config import RunConfig
 from bertperf.data.collate import (collate_packed, collate_padded, collate_varlen,
@@ -71,7 +68,8 @@ from bertperf.data.order import EpochPlan
 from bertperf.data.synthetic import synthetic_packed, synthetic_samples
 from bertperf.errors import UserError
 from bertperf.formats.packed import Packed
-from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
+from bertperf.formats.samples import Samples
+from bertperf.host import cpu_name
 
 SWITCHES = ("varlen", "bf16", "packed", "fused kernels", "compile", "CUDA graphs", "FP8")
 ROW_KEYS = ("hf", "varlen", "bf16", "packed", "kernels", "compile", "graphs", "fp8")
@@ -83,18 +81,6 @@ within 0.5 % of LR."""
 MAX_GRAD_NORM = 1.0
 MAX_SEQS_PER_ROW, MASKED_LM_PROB = 3, 0.15
 """Packed rows as prep pack makes them; the masking rate of MLPerf's data (and --synthetic's)."""
-MODEL_BATCH = 56
-MODEL_ACCUMULATION = {"varlen": 8, "packed": 4}
-"""The step the model prices, the single-H100 recipe's global batch of 448 sequences: 8
-micro-batches of 56 sequences (varlen) or 4 of 56 packed rows (packed)."""
-MLPERF_PACKING = 1.999
-"""Sequences a row in MLPerf's packed training data (NVIDIA's packing of the 156.7 M samples);
-the model counts a packed row as this many sequences of MLPerf's mean size."""
-MLPERF_LENGTH_QUANTILES = ((0.0, 8), (0.10, 48), (0.25, 84), (0.50, 204), (0.75, 484),
-                           (0.766, 512), (1.0, 512))
-"""(fraction, sequence length) of MLPerf's phase-2 Wikipedia samples (Graphcore's histogram of
-one dupe pass: p10 48, p25 84, median 204, p75 484, 23.4 % at 512; mean 255.8)."""
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
@@ -102,9 +88,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="folder of unpadded or packed training shards (prep unpad / prep pack)")
     src.add_argument("--synthetic", action="store_true",
                      help="synthetic samples with MLPerf-like lengths (bench.loader) instead")
-    src.add_argument("--model-only", action="store_true",
-                     help="print only the step-time model for the GPU (traced on fake tensors: "
-                          "no data, nothing measured, a minute on a CPU)")
     p.add_argument("--config", default="large",
                    help="model shape: large, base, tiny or a bert_config.json (default large)")
     p.add_argument("--layers", type=int,
@@ -122,8 +105,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the rows to measure, comma-separated (default: all): "
                         f"{', '.join(ROW_KEYS)}; the switches of those left out stay on in the "
                         "rows after them")
-    p.add_argument("--no-model", action="store_true",
-                   help="leave out the step-time model at the end (a minute on a CPU)")
     p.add_argument("--report", type=Path,
                    help="also append the output, with the command and the date, to this file "
                         "and print the lines for docs/performance.md (make gpu-check)")
@@ -176,23 +157,6 @@ def load_steps(args: argparse.Namespace, count: int) -> tuple[list[Step], str, i
     dataset.close()
     source = f"{args.data} ({len(dataset)} {dataset.kind} shards; a step: {args.batch} {unit})"
     return steps, source, dataset.max_seq_length, dataset.max_pred
-
-
-def mlperf_lengths(n: int) -> np.ndarray:
-    """n sequence lengths at evenly spaced quantiles of MLPerf's length distribution."""
-    q, length = zip(*MLPERF_LENGTH_QUANTILES)
-    return np.rint(np.interp((np.arange(n) + 0.5) / n, q, length)).astype(np.int64)
-
-
-def samples_of_lengths(lengths: np.ndarray, max_pred: int = 76) -> Samples:
-    """Samples of these lengths with create_pretraining_data's mask count, round(0.15 L) in
-    1..max_pred (token ids do not matter where they are used)."""
-    counts = np.clip(np.rint(0.15 * lengths), 1, max_pred).astype(np.int64)
-    offsets = offsets_from_lengths(lengths)
-    return Samples(np.full(int(offsets[-1]), 999, dtype=np.int64), offsets, lengths // 2,
-                   ranges(np.ones(len(lengths), dtype=np.int64), counts),
-                   np.full(int(counts.sum()), 999, dtype=np.int64), offsets_from_lengths(counts),
-                   np.zeros(len(lengths), dtype=np.int64))
 
 
 def digest(sequences) -> str:
@@ -323,11 +287,11 @@ def hf_row(bench: Bench, precision: str) -> Trainee:
 
 def unavailable(bench: Bench, switches: tuple[str, ...]) -> str | None:
     """Why the row with these switches cannot run here, or None: what the data or the GPU does
-    not allow, then the trainer's own refusals and device checks for the row's configuration."""
+    not allow, then the trainer's own refusals (train.allowed) of the row's settings on this
+    machine."""
     import torch
 
-    from bertperf.train import checks, parallel
-    from bertperf.train.layout import LAYOUTS
+    from bertperf.train import allowed
 
     if "bf16" in switches and bench.device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU has no bf16"
@@ -335,8 +299,7 @@ def unavailable(bench: Bench, switches: tuple[str, ...]) -> str | None:
         return "needs packed shards: prep pack"
     cfg = run_config(switches, bench.device.type)
     try:
-        parallel.check(cfg, LAYOUTS[cfg.data.layout].fixed_shapes)
-        checks.check_device(cfg)
+        allowed.check(cfg, (allowed.SETTINGS, allowed.MACHINE))
     except UserError as exc:
         return str(exc)
     return None
@@ -461,6 +424,8 @@ def train_row(bench: Bench, t: Trainee, result: Result) -> None:
     """Train the row on every step, timing those after the warm-up, into `result`."""
     import torch
 
+    from bertperf.model.flops import train_flops
+
     result.optimizer = type(t.optimizer).__name__
 
     def sync():
@@ -536,173 +501,6 @@ def rows(bench: Bench, precisions: tuple[str, ...], keys=ROW_KEYS):
         yield label, "bf16" if "bf16" in on else "fp32", build
 
 
-# ---- the model -------------------------------------------------------------------------------------
-
-def model_steps(batch: int = MODEL_BATCH) -> dict[str, Step]:
-    """The micro-batches the model prices: `batch` sequences at MLPerf's length quantiles
-    (varlen); `batch` rows (packed): twice max(batch, 56) such sequences packed first-fit
-    decreasing, up to 3 a row, the fullest max(batch, 56) rows kept (MLPerf's packed data fills
-    its rows to 99.7 %) and `batch` of them taken evenly spaced (all of them at 56)."""
-    pool = max(batch, MODEL_BATCH)
-    lengths = sorted(mlperf_lengths(2 * pool).tolist(), reverse=True)
-    rows: list[list[int]] = []
-    for n in lengths:
-        row = next((r for r in rows if sum(r) + n <= 512 and len(r) < MAX_SEQS_PER_ROW), None)
-        if row is None:
-            rows.append(row := [])
-        row.append(n)
-    kept = sorted(rows, key=sum, reverse=True)[:pool]
-    rows = [kept[int((i + 0.5) * len(kept) / batch)] for i in range(batch)]
-    return {"varlen": Step(samples_of_lengths(mlperf_lengths(batch)), None),
-            "packed": Step(samples_of_lengths(np.array([n for r in rows for n in r])),
-                           np.array([len(r) for r in rows]))}
-
-
-def trace_step(config, step: Step, layout: str, fused: bool):
-    """The kernels of the trainer's bf16 step on this micro-batch (train.loop.build_step and
-    train_step, as on one CUDA GPU with FUSED_KERNELS=1: the Triton kernels and FlatLamb, or 0:
-    plain PyTorch and Lamb), traced on fake tensors as CUDA runs it (bench/roofline.py); the
-    LAMB's class; the segment lengths its attention runs over. The traced micro-step adds its
-    gradients to those already there, as all but the first of the trainer's micro-steps do."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from bertperf.bench import roofline
-    from bertperf.kernels import backend
-    from bertperf.model import BertForPreTraining
-    from bertperf.train import loop
-    from bertperf.train.dist import Dist
-    from bertperf.train.layout import LAYOUTS
-
-    if fused and not backend.triton_installed():
-        raise UserError("the step-time model traces the Triton kernels' path, which needs "
-                        "Triton installed (pip install triton)")
-    cfg = run_config((layout, "bf16", *(("fused kernels",) if fused else ())), "cuda")
-    arrays, _ = loader_arrays(step, layout, 512, 76)
-    micro = loop.to_device(arrays, LAYOUTS[layout].batch_type, torch.device("cpu"))
-    fake = FakeTensorMode()
-    with fake, roofline.OnCuda(), roofline.triton_stand_ins():
-        core = BertForPreTraining(config)
-        trainer = loop.build_step(cfg, Dist(0, 1), torch.device("cpu"), core)
-        micro = replace(micro, inputs=mapped(fake.from_tensor, micro.inputs),
-                        counts=fake.from_tensor(micro.counts))
-        calls = itertools.count()
-
-        def run():
-            loop.train_step(trainer, [micro])
-            if next(calls) == 0:  # untraced: gradients to add to where zero_grad dropped them
-                for p in core.parameters():
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-
-        trace = roofline.trace(run)
-    return trace, np.diff(arrays["cu_seqlens"]), type(trainer.plan.optimizer).__name__
-
-
-MODEL_TITLE = "step-time MODEL for the GPU (a model, not a measurement)"
-
-
-def print_model() -> None:
-    """The second table: BERT-large's step on an A100 and an H100 as the code runs it (varlen
-    or packed, bertperf.kernels' Triton kernels and FlatLamb), without those kernels (and with
-    Lamb) and with each of them, and with COMPILE and USE_CUDA_GRAPH (bench/roofline.py); on the
-    H100 also with the encoder's GEMMs in FP8; then the H100 rates beside NVIDIA's (the A100
-    check of the calibration is bench scale's: scale.calibration)."""
-    from bertperf.bench import roofline
-    from bertperf.model import BertConfig
-
-    config = BertConfig.large()
-    t0 = time.perf_counter()
-    steps = model_steps()
-    traces, optimizers, tokens = {}, {}, {}
-    try:
-        for layout, triton in (("varlen", False), ("varlen", True), ("packed", True)):
-            trace, segments, optimizers[triton] = trace_step(config, steps[layout], layout,
-                                                             triton)
-            tokens[layout] = int(segments.sum())
-            traces[layout, triton] = trace, roofline.flash_attention(
-                trace.ops, segments, config.hidden_size, config.num_attention_heads)
-    except UserError as exc:  # the measured table above stands
-        print(f"\n{MODEL_TITLE}: not available ({exc})")
-        return
-    plain = traces["varlen", False][1]
-    current, packed = traces["varlen", True][1], traces["packed", True][1]
-    regions = sorted({op.region.rsplit(".", 1)[0] for op in plain
-                      if op.region.startswith("kernels.") and not roofline.is_attention(op)})
-    flat = [op for op in plain if op.phase != "optimizer"] \
-        + [op for op in current if op.phase == "optimizer"]
-    compiled = roofline.fuse_elementwise(packed)
-    best = "packed + COMPILE=inductor + USE_CUDA_GRAPH=1"
-    fp8 = f"{best}, encoder GEMMs in FP8 (roofline.fp8: modelled, not FP8=1's trace)"
-    rows = [(f"varlen, plain PyTorch (no Triton kernels; {optimizers[False]})", "varlen", plain,
-             False),
-            *((f"varlen, plain + {r.removeprefix('kernels.')} in one kernel", "varlen",
-               roofline.fuse_region(r)(plain), False) for r in regions),
-            (f"varlen, plain + {optimizers[True]} (LAMB over one flat buffer)", "varlen", flat,
-             False),
-            ("varlen, Triton kernels", "varlen", current, False),
-            ("packed (LAYOUT=packed), Triton kernels", "packed", packed, False),
-            ("packed + COMPILE=inductor (ATen elementwise chains fused, not across the Triton "
-             "kernels)", "packed", compiled, False),
-            (best, "packed", compiled, True),
-            (fp8, "packed", roofline.fp8(compiled, tokens["packed"]), True)]
-    v, p = steps["varlen"].samples, steps["packed"]
-    print(f"\n{MODEL_TITLE}: BERT-large, bf16 autocast, a step of 448 sequences as on one H100: "
-          f"{MODEL_ACCUMULATION['varlen']} micro-batches of {MODEL_BATCH} sequences (varlen; "
-          f"lengths at MLPerf's quantiles: mean {v.lengths.mean():.1f}, E[L^2] "
-          f"{np.mean(v.lengths ** 2.0):,.0f}, {v.mlm_counts.mean():.1f} masked a sequence) or "
-          f"{MODEL_ACCUMULATION['packed']} of {len(p.rows)} rows (packed; filled to "
-          f"{p.samples.lengths.sum() / len(p.rows) / 512:.1%} with such sequences, counted as "
-          f"MLPerf's {MLPERF_PACKING} sequences a row)")
-    print(f"the trainer's step traced on fake tensors ({time.perf_counter() - t0:.0f} s; host "
-          f"syncs in it: {traces['varlen', True][0].syncs} varlen, "
-          f"{traces['packed', True][0].syncs} packed, not priced), with the LAMB the trainer "
-          f"takes (FLAT_LAMB=auto): {optimizers[False]} without the Triton kernels, "
-          f"{optimizers[True]} with them; attention as FlashAttention-2 varlen; a kernel takes "
-          "max(FLOPs / rate, bytes / bandwidth, launch), at fractions of the datasheet peaks "
-          "calibrated on published kernel measurements (bench/anchors.csv): "
-          + "; ".join(f"{g.name.split()[0]} GEMMs {g.matmul_efficiency:.0%}"
-                      + (f" (FP8 {g.fp8_efficiency:.0%} of its FP8 peak)" if g.fp8_flops else "")
-                      + f", attention {g.attention_forward_efficiency:.0%} forward and "
-                      f"{g.attention_backward_efficiency:.0%} backward, memory "
-                      f"{g.memory_efficiency:.0%} of the bandwidth" for g in roofline.GPUS)
-          + f"; launch {roofline.LAUNCH_SECONDS * 1e6:.0f} us (CUDA graphs: "
-          f"{roofline.GRAPH_LAUNCH_SECONDS * 1e6:.0f} us); MFU = model FLOP/s on real tokens / "
-          "the GPU's dense bf16 peak")
-    print("| GPU | step | kernels | GB moved | ms/step | seq/s | MFU | vs plain |")
-    print("|---|---|---|---|---|---|---|---|")
-    per_sequence = train_flops(config, v.lengths, int(v.mlm_counts.sum())) / len(v)
-    sequences = {"varlen": len(v), "packed": MODEL_BATCH * MLPERF_PACKING}
-    rates = {}
-    for gpu in roofline.GPUS:
-        base = MODEL_ACCUMULATION["varlen"] * len(v) \
-            / roofline.step_cost(plain, gpu, MODEL_ACCUMULATION["varlen"]).seconds
-        for label, layout, ops, graphs in rows:
-            if " + " in label and "plain" in label and gpu is not roofline.GPUS[-1]:
-                continue  # each kernel's share: on the H100 only
-            if "FP8" in label and not gpu.fp8_flops:
-                continue
-            cost = roofline.step_cost(ops, gpu, MODEL_ACCUMULATION[layout], graphs)
-            rate = rates[gpu.name, label] = MODEL_ACCUMULATION[layout] * sequences[layout] \
-                / cost.seconds
-            mfu = rate * per_sequence / gpu.tensor_flops
-            print(f"| {gpu.name} | {label} | {cost.launches:,} | {cost.bytes / 1e9:,.1f} | "
-                  f"{cost.seconds * 1e3:,.1f} | {rate:,.0f} | {mfu:.0%} | {rate / base:.2f}x |")
-    print("(a model, not a measurement: `make gpu-check` measures the real thing)")
-    nvidia = roofline.anchors()["mlperf_fp8", roofline.H100]
-    h100, where = roofline.H100, nvidia.source.split(" (")[0]
-    print("calibration checked on the A100 by `python -m bertperf bench scale` (NVIDIA's MLPerf "
-          "1xDGX A100 rows, the line under its table; tests/unit/test_bench_scale.py holds it "
-          f"within {CALIBRATION_TOLERANCE * 100:.0f} %); the H100 (bf16 and FP8 predicted, one GPU, no "
-          "all-reduce or evals): "
-          f"{rates[h100, best]:,.0f} seq/s bf16 as the code runs it ({best}); "
-          f"{rates[h100, fp8]:,.0f} seq/s with "
-          f"the encoder's GEMMs in FP8 (they and the cast/amax kernels FP8 adds are all it "
-          f"changes); NVIDIA's MLPerf code on 8 H100s: {nvidia.value:,.0f} {nvidia.unit} "
-          "measured (FP8 GEMMs and attention, packed, CUDA graphs; evals taken out; "
-          f"{where})")
-
-
 # ---- the command -----------------------------------------------------------------------------------
 
 def _gib(n: float) -> str:
@@ -710,14 +508,6 @@ def _gib(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model_only:
-        import torch
-
-        print(f"bench train --model-only, {datetime.date.today()}: {cpu_name()}, "
-              f"{platform.machine()} {platform.system()}; torch {torch.__version__}, Python "
-              f"{platform.python_version()}")
-        print_model()
-        return 0
     keys = row_keys(args.rows)
     command = " ".join(["python -m bertperf", *sys.argv[1:]])
     output = io.StringIO()
@@ -731,13 +521,10 @@ def run(args: argparse.Namespace) -> int:
             streams.append(report)
         with contextlib.redirect_stdout(Tee(*streams)):
             measure_rows(args, keys)
-            measured = output.getvalue()
-            if not args.no_model:
-                print_model()
     if args.report is not None:
         print(f"\nappended to {args.report}; for docs/performance.md:\n\n"
               f"`{command}` ({datetime.date.today()}):\n")
-        print("\n".join(line for line in measured.splitlines() if line))
+        print("\n".join(line for line in output.getvalue().splitlines() if line))
     return 0
 
 

@@ -1,11 +1,14 @@
 """Which implementation a kernel function runs: the Triton kernels (bertperf.kernels.triton) for
-CUDA tensors when Triton is installed, plain PyTorch everywhere else. Triton itself is imported
-only when a kernel first runs."""
+CUDA tensors when Triton is installed, plain PyTorch everywhere else, as the `Kernels` value the
+caller passes says (the model and FlatLamb carry theirs; train.parallel.parallelize sets it from
+FUSED_KERNELS). Triton itself is imported only when a kernel first runs."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,20 +19,24 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-_selected: bool | None = None
+@dataclass(frozen=True)
+class Kernels:
+    """How the kernel functions run. fused: FUSED_KERNELS (None: auto, True: the Triton path
+    where `use_triton` allows it; False: plain PyTorch everywhere). assume_cuda: take every
+    tensor for a CUDA tensor with Triton installed (to trace CUDA's step on CPU or fake tensors,
+    the performance model, or to interpret the kernels on the CPU in the tests). launchers: stand-ins
+    by name for the launchers of bertperf.kernels.triton that call their kernels outside ATen
+    ("lamb.step": triton/lamb.py's step), for tracing; the real ones where not given."""
 
+    fused: bool | None = None
+    assume_cuda: bool = False
+    launchers: Mapping[str, Callable] = field(default_factory=dict, hash=False)
 
-def select(setting: bool | None) -> None:
-    """The run's FUSED_KERNELS (set once per run, train.loop.build_step): None (auto) or True,
-    the Triton path where use_triton allows it; False, plain PyTorch everywhere."""
-    global _selected
-    _selected = setting
-
-
-def use_triton(x: torch.Tensor) -> bool:
-    """Whether the kernel functions take the Triton path for tensors like x: CUDA tensors with
-    Triton installed, unless FUSED_KERNELS=0 selected plain PyTorch."""
-    return _selected is not False and x.is_cuda and triton_installed()
+    def use_triton(self, x: torch.Tensor) -> bool:
+        """Whether the kernel functions take the Triton path for tensors like x: CUDA tensors
+        with Triton installed (or assume_cuda), unless fused is False."""
+        return (self.fused is not False and (x.is_cuda or self.assume_cuda)
+                and (self.assume_cuda or triton_installed()))
 
 
 def activation_dtype(x: torch.Tensor) -> torch.dtype:

@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bertperf.kernels import backend
+from bertperf.kernels.backend import Kernels
 
 
-def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
+def bias_gelu(x: Tensor, bias: Tensor, *, kernels: Kernels = Kernels()) -> Tensor:
     """gelu(x + bias), bias broadcast over the last dimension, in x's dtype (under autocast an
-    fp32 bias does not widen the bf16 activation). CUDA: one Triton kernel each way
-    (`bias_gelu_triton`); elsewhere ATen's exact GeLU."""
-    if backend.use_triton(x):
+    fp32 bias does not widen the bf16 activation). Where kernels.use_triton(x): one Triton kernel
+    each way (`bias_gelu_triton`); elsewhere ATen's exact GeLU."""
+    if kernels.use_triton(x):
         return bias_gelu_triton(x, bias)
     return F.gelu(x + bias.to(x.dtype), approximate="none")
 

@@ -7,17 +7,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bertperf.kernels import backend
+from bertperf.kernels.backend import Kernels
 
 
-def cross_entropy_sum(logits: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
+def cross_entropy_sum(logits: Tensor, labels: Tensor, weights: Tensor, *,
+                      kernels: Kernels = Kernels()) -> Tensor:
     """sum_i weights[i] * cross_entropy(logits[i], labels[i]) as an fp32 0-d tensor (float64
     for float64 logits off CUDA). logits [M, V] (any float dtype; a column slice of wider logits
     is fine), labels [M] (valid ids everywhere, int32 or int64), weights [M] float; a row of
-    weight 0 (a padding slot) adds nothing to the loss or the gradient. CUDA: Triton kernels that
-    read the logits in their own dtype and return the gradient in it
-    (`cross_entropy_sum_triton`); elsewhere ATen's cross_entropy on fp32 (or float64) logits."""
-    if backend.use_triton(logits):
+    weight 0 (a padding slot) adds nothing to the loss or the gradient. Where
+    kernels.use_triton(logits): Triton kernels that read the logits in their own dtype and return
+    the gradient in it (`cross_entropy_sum_triton`); elsewhere ATen's cross_entropy on fp32 (or
+    float64) logits."""
+    if kernels.use_triton(logits):
         return cross_entropy_sum_triton(logits, labels, weights)[0]
     wide = logits if logits.dtype == torch.float64 else logits.float()
     ce = F.cross_entropy(wide, labels.long(), reduction="none")

@@ -6,19 +6,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bertperf.kernels import backend
+from bertperf.kernels.backend import Kernels
 from bertperf.kernels.layer_norm import layer_norm_reference, layer_norm_triton, new_seed
 
 
 def dropout_add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                            bias: torch.Tensor, p: float, eps: float,
-                           dense_bias: torch.Tensor | None = None) -> torch.Tensor:
+                           dense_bias: torch.Tensor | None = None, *,
+                           kernels: Kernels = Kernels()) -> torch.Tensor:
     """LayerNorm (weight, bias, eps) over the last dimension of dropout(x + dense_bias, p) +
     residual, in x's dtype. dense_bias: the bias of the GEMM that made x, or None (x has it
     already). p = 0 means no dropout (pass 0 in eval mode); kept elements are scaled by
-    1 / (1 - p). CUDA: one Triton kernel each way (`layer_norm_triton`, keep mask from a seed,
-    fp32 statistics); elsewhere ATen's dropout and layer_norm."""
-    if backend.use_triton(x):
+    1 / (1 - p). Where kernels.use_triton(x): one Triton kernel each way (`layer_norm_triton`,
+    keep mask from a seed, fp32 statistics); elsewhere ATen's dropout and layer_norm."""
+    if kernels.use_triton(x):
         seed = new_seed(x.device) if p > 0 else None
         return layer_norm_triton(x, dense_bias, residual, weight, bias, seed, p, eps, False)
     if dense_bias is not None:

@@ -7,22 +7,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bertperf.kernels import backend
+from bertperf.kernels.backend import Kernels, activation_dtype
 from bertperf.kernels.layer_norm import layer_norm_reference, new_seed
 
 
 def embedding_layer_norm(input_ids: Tensor, segment_ids: Tensor, position_ids: Tensor,
                          word: Tensor, position: Tensor, token_type: Tensor, weight: Tensor,
-                         bias: Tensor, eps: float, p: float = 0.0) -> Tensor:
+                         bias: Tensor, eps: float, p: float = 0.0, *,
+                         kernels: Kernels = Kernels()) -> Tensor:
     """dropout(LayerNorm(word[input_ids] + position[position_ids] + token_type[segment_ids]), p)
     with LayerNorm (weight, bias, eps) over the hidden dimension; ids of any shape, output
     [*ids.shape, hidden] in the activation dtype (autocast's when on, else the tables'). p = 0
-    means no dropout. CUDA: one Triton kernel each way (`embedding_layer_norm_triton`: the
-    dropout is fused, its keep mask drawn from a seed; the table gradients are scatter-added);
-    elsewhere ATen's embedding, layer_norm and dropout, each lookup cast to the activation dtype
-    at once (under autocast the sum is not an fp32 activation)."""
-    dtype = backend.activation_dtype(word)
-    if backend.use_triton(word):
+    means no dropout. Where kernels.use_triton(word): one Triton kernel each way
+    (`embedding_layer_norm_triton`: the dropout is fused, its keep mask drawn from a seed; the
+    table gradients are scatter-added); elsewhere ATen's embedding, layer_norm and dropout, each
+    lookup cast to the activation dtype at once (under autocast the sum is not an fp32
+    activation)."""
+    dtype = activation_dtype(word)
+    if kernels.use_triton(word):
         seed = new_seed(word.device) if p > 0 else None
         out = embedding_layer_norm_triton(input_ids.reshape(-1), segment_ids.reshape(-1),
                                           position_ids.reshape(-1), word, position, token_type,

@@ -7,12 +7,12 @@ weight_decay and layer adaptation come from its parameter group."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from bertperf.kernels import backend
+from bertperf.kernels.backend import Kernels
 
 
 class LambLayout:
@@ -78,35 +78,43 @@ def _coefficients(betas: tuple[float, float], step: int | Tensor, ok: Tensor | N
 def lamb_step(layout: LambLayout, params: Tensor, grads: Tensor, exp_avg: Tensor,
               exp_avg_sq: Tensor, *, lr: float | Tensor, betas: tuple[float, float],
               eps: float, step: int | Tensor, ok: Tensor | None = None,
-              bias_correction: bool = True, grad_averaging: bool = True) -> None:
+              bias_correction: bool = True, grad_averaging: bool = True,
+              kernels: Kernels = Kernels()) -> None:
     """One LAMB step, in place on the flat fp32 buffers params, exp_avg and exp_avg_sq (grads:
     flat, any float dtype), as Lamb.step(ok=ok) does it. step: this step's count (the first is
     1; a skipped step does not count), an int or a 0-d tensor; lr: a float or a 0-d tensor;
     ok: None, or a 0-d bool tensor that is False for a step skipped on the device (weights and
     moments stay, given zero grads). Tensors on the buffers' device: no host read. Every tensor
     of the layout is updated (Lamb skips a parameter without a gradient; here its gradient is
-    zero). CUDA: three Triton launches for all tensors (`lamb_step_triton`); elsewhere
+    zero). Where kernels.use_triton(params): three Triton launches for all tensors
+    (`lamb_step_triton`, launched by kernels.launchers["lamb.step"] where given); elsewhere
     `lamb_step_reference`."""
-    step_fn = lamb_step_triton if backend.use_triton(params) else lamb_step_reference
-    step_fn(layout, params, grads, exp_avg, exp_avg_sq, lr=lr, betas=betas, eps=eps, step=step,
-            ok=ok, bias_correction=bias_correction, grad_averaging=grad_averaging)
+    hyper = dict(lr=lr, betas=betas, eps=eps, step=step, ok=ok, bias_correction=bias_correction,
+                 grad_averaging=grad_averaging)
+    if kernels.use_triton(params):
+        lamb_step_triton(layout, params, grads, exp_avg, exp_avg_sq, **hyper,
+                         launch=kernels.launchers.get("lamb.step"))
+    else:
+        lamb_step_reference(layout, params, grads, exp_avg, exp_avg_sq, **hyper)
 
 
 def lamb_step_triton(layout: LambLayout, params: Tensor, grads: Tensor, exp_avg: Tensor,
                      exp_avg_sq: Tensor, *, lr: float | Tensor, betas: tuple[float, float],
                      eps: float, step: int | Tensor, ok: Tensor | None = None,
-                     bias_correction: bool = True, grad_averaging: bool = True) -> None:
-    """lamb_step's Triton kernels (bertperf.kernels.triton.lamb)."""
-    from bertperf.kernels.triton import lamb as kernels
-
+                     bias_correction: bool = True, grad_averaging: bool = True,
+                     launch: Callable | None = None) -> None:
+    """lamb_step's Triton kernels, launched by bertperf.kernels.triton.lamb.step (or `launch`,
+    a stand-in with its signature)."""
+    if launch is None:
+        from bertperf.kernels.triton import lamb as kernels
+        launch = kernels.step
     coef = _coefficients(betas, step, ok, bias_correction, params.device)
     if ok is not None:
         lr = lr * ok.to(torch.float64)
     lr = (lr.reshape(1).to(params.device, torch.float32) if isinstance(lr, Tensor)
           else torch.full((1,), lr, device=params.device, dtype=torch.float32))
     beta3 = 1.0 - betas[0] if grad_averaging else 1.0
-    kernels.step(layout, params, grads, exp_avg, exp_avg_sq, coef, lr, beta3, 1.0 - betas[1],
-                 eps)
+    launch(layout, params, grads, exp_avg, exp_avg_sq, coef, lr, beta3, 1.0 - betas[1], eps)
 
 
 @torch.no_grad()

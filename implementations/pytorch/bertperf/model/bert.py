@@ -8,10 +8,13 @@ slots of the MLM and NSP heads weigh 0 in the loss. The loss is computed here, o
 (pretraining_output), in float32 or wider, the MLM loss with kernels.cross_entropy_sum;
 forward_loss is a training micro-step's forward and loss, the part torch.compile compiles
 (compiled_forward_loss). The model is written for one device; parallelism is applied around it.
+Which implementation of bertperf.kernels it runs is the `Kernels` value `use_kernels` gives it
+(train.parallel.parallelize: FUSED_KERNELS; default auto).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -19,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertperf.kernels import cross_entropy_sum
+from bertperf.kernels import Kernels, cross_entropy_sum
 from bertperf.model.bert_config import BertConfig
-from bertperf.model.layers import BertEmbeddings, BertEncoder, BertPooler, BertPreTrainingHeads
+from bertperf.model.layers import (BertEmbeddings, BertEncoder, BertPooler, BertPreTrainingHeads,
+                                   UsesKernels)
 
 
 @dataclass
@@ -54,13 +58,14 @@ def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
 
 
 def masked_lm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
-                            weights: torch.Tensor | None) -> torch.Tensor:
-    """summed_cross_entropy over the vocabulary with kernels.cross_entropy_sum: on CUDA it reads
-    the (bf16) logits in their own dtype, with no float32 copy of them. weights None: all
-    count."""
+                            weights: torch.Tensor | None,
+                            kernels: Kernels = Kernels()) -> torch.Tensor:
+    """summed_cross_entropy over the vocabulary with kernels.cross_entropy_sum: on its Triton
+    path it reads the (bf16) logits in their own dtype, with no float32 copy of them. weights
+    None: all count."""
     if weights is None:
         weights = logits.new_ones(logits.shape[0], dtype=torch.float32)
-    return cross_entropy_sum(logits, labels, weights)
+    return cross_entropy_sum(logits, labels, weights, kernels=kernels)
 
 
 def pretraining_output(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
@@ -129,7 +134,7 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(config)
 
 
-class BertForPreTraining(nn.Module):
+class BertForPreTraining(UsesKernels):
     """BERT with its MLM and NSP heads, on unpadded batches (inputs: bertperf.model.batch)."""
 
     def __init__(self, config: BertConfig):
@@ -138,6 +143,13 @@ class BertForPreTraining(nn.Module):
         self.bert = BertModel(config)
         self.cls = BertPreTrainingHeads(config)
         self.reset_parameters()
+
+    def use_kernels(self, kernels: Kernels) -> None:
+        """Run bertperf.kernels as `kernels` says in every module of the model that calls them
+        (those in the model now: call it again after adding layers)."""
+        for m in self.modules():
+            if isinstance(m, UsesKernels):
+                m.kernels = kernels
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -176,4 +188,6 @@ class BertForPreTraining(nn.Module):
         pooled = self.bert.pooler(x, cu_seqlens[:-1] if cls_positions is None else cls_positions)
         nsp_logits = self.cls.seq_relationship(pooled)
         return pretraining_output(mlm_logits, nsp_logits, masked_lm_ids, next_sentence_labels,
-                                  masked_lm_weights, next_sentence_weights, loss_divisors)
+                                  masked_lm_weights, next_sentence_weights, loss_divisors,
+                                  functools.partial(masked_lm_cross_entropy,
+                                                    kernels=self.kernels))

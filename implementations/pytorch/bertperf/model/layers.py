@@ -12,9 +12,9 @@ The encoder's four GEMMs a layer run in FP8 where bertperf.model.fp8 converted t
 (FP8): `qkv` as a module call, the three bias-less ones through `gemm`.
 
 Each layer calls one fused op of bertperf.kernels after its GEMM (Triton kernels on CUDA, plain
-PyTorch elsewhere): embedding_layer_norm (lookups, sum, LayerNorm, dropout), dropout_add_layer_norm
-with the dense bias (the end of each sub-layer), bias_gelu (the feed-forward) and
-bias_gelu_layer_norm (the MLM head's transform).
+PyTorch elsewhere, as the module's `kernels` says: `UsesKernels`): embedding_layer_norm (lookups,
+sum, LayerNorm, dropout), dropout_add_layer_norm with the dense bias (the end of each sub-layer),
+bias_gelu (the feed-forward) and bias_gelu_layer_norm (the MLM head's transform).
 """
 
 from __future__ import annotations
@@ -23,9 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertperf.kernels import (bias_gelu, bias_gelu_layer_norm, dropout_add_layer_norm,
+from bertperf.kernels import (Kernels, bias_gelu, bias_gelu_layer_norm, dropout_add_layer_norm,
                               embedding_layer_norm, varlen_attention)
 from bertperf.model.bert_config import BertConfig
+
+
+class UsesKernels(nn.Module):
+    """A module that calls bertperf.kernels' functions, with `kernels`: auto until
+    BertForPreTraining.use_kernels sets the run's."""
+
+    kernels = Kernels()
 
 
 def gemm(x: torch.Tensor, dense: nn.Linear) -> torch.Tensor:
@@ -35,7 +42,7 @@ def gemm(x: torch.Tensor, dense: nn.Linear) -> torch.Tensor:
     return F.linear(x, dense.weight) if fp8 is None else fp8(x)
 
 
-class BertEmbeddings(nn.Module):
+class BertEmbeddings(UsesKernels):
     """word + position + segment embeddings, LayerNorm, dropout, in one op
     (kernels.embedding_layer_norm). Under autocast its output, and so the residual stream, is in
     autocast's dtype (the tables' gradients still accumulate in fp32)."""
@@ -54,7 +61,8 @@ class BertEmbeddings(nn.Module):
                                     self.word_embeddings.weight, self.position_embeddings.weight,
                                     self.token_type_embeddings.weight, self.LayerNorm.weight,
                                     self.LayerNorm.bias, self.LayerNorm.eps,
-                                    self.dropout_prob if self.training else 0.0)
+                                    self.dropout_prob if self.training else 0.0,
+                                    kernels=self.kernels)
 
 
 PROJECTIONS = ("query", "key", "value")
@@ -103,7 +111,7 @@ def _fuse_qkv(module: BertSelfAttention, state_dict: dict, prefix: str, *args) -
             state_dict[f"{prefix}qkv.{leaf}"] = torch.cat([state_dict.pop(n) for n in names])
 
 
-class BertSelfOutput(nn.Module):
+class BertSelfOutput(UsesKernels):
     """Output projection, dropout, residual add, LayerNorm; also BERT's BertOutput (the FFN's
     second GEMM), which differs only in the input width. The GEMM runs without its bias, which
     kernels.dropout_add_layer_norm adds with the dropout, residual and LayerNorm."""
@@ -118,7 +126,8 @@ class BertSelfOutput(nn.Module):
         p = self.dropout_prob if self.training else 0.0
         return dropout_add_layer_norm(gemm(h, self.dense), residual,
                                       self.LayerNorm.weight, self.LayerNorm.bias, p,
-                                      self.LayerNorm.eps, dense_bias=self.dense.bias)
+                                      self.LayerNorm.eps, dense_bias=self.dense.bias,
+                                      kernels=self.kernels)
 
 
 class BertAttention(nn.Module):
@@ -131,7 +140,7 @@ class BertAttention(nn.Module):
         return self.output(self.self(x, cu_seqlens, max_seqlen), x)
 
 
-class BertIntermediate(nn.Module):
+class BertIntermediate(UsesKernels):
     """The FFN's first GEMM with bias-GeLU."""
 
     def __init__(self, config: BertConfig):
@@ -139,7 +148,7 @@ class BertIntermediate(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bias_gelu(gemm(x, self.dense), self.dense.bias)
+        return bias_gelu(gemm(x, self.dense), self.dense.bias, kernels=self.kernels)
 
 
 class BertLayer(nn.Module):
@@ -179,7 +188,7 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(x.index_select(0, positions)))
 
 
-class BertPredictionHeadTransform(nn.Module):
+class BertPredictionHeadTransform(UsesKernels):
     """The MLM head before the decoder: dense, GeLU, LayerNorm (the GEMM without its bias, then
     kernels.bias_gelu_layer_norm)."""
 
@@ -190,7 +199,8 @@ class BertPredictionHeadTransform(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return bias_gelu_layer_norm(F.linear(x, self.dense.weight), self.dense.bias,
-                                    self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps)
+                                    self.LayerNorm.weight, self.LayerNorm.bias, self.LayerNorm.eps,
+                                    kernels=self.kernels)
 
 
 class BertLMPredictionHead(nn.Module):

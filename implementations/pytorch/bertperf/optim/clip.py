@@ -11,9 +11,9 @@ reports."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -138,16 +138,20 @@ class DynamicLossScaler:
         self.skipped_steps.fill_(int(state["skipped_steps"]))
 
 
-def step_grads(optimizer: torch.optim.Optimizer) -> list[Tensor]:
-    """The gradients an optimizer step reads: a sharded optimizer's shard of them, reduced over
-    the ranks here (bertperf.optim.ShardedLamb.reduced_grads: the reduce-scatter); its one
-    flat gradient buffer when it has one (`flat_grads()`, every .grad a view of it); else every
-    parameter's .grad."""
-    if hasattr(optimizer, "reduced_grads"):
-        return [optimizer.reduced_grads()]
-    if hasattr(optimizer, "flat_grads"):
-        return [optimizer.flat_grads()]
-    return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+class ClippedOptimizer(Protocol):
+    """What clipped_step asks of an optimizer: bertperf.optim's Lamb, FlatLamb and ShardedLamb
+    have it."""
+
+    def step_grads(self) -> list[Tensor]:
+        """The gradients its step reads, which clipped_step unscales, measures, clips and cleans
+        in place (with any collective that makes them: ShardedLamb's reduce-scatter)."""
+
+    def norm_over_ranks(self, norm: Tensor) -> Tensor:
+        """The global gradient norm from the norm of step_grads() on this rank."""
+
+    def step(self, closure: Callable[[], float] | None = None, *,
+             ok: Tensor | None = None) -> float | None:
+        """The update, skipped on the device where `ok` is False."""
 
 
 @dataclass(frozen=True)
@@ -162,23 +166,20 @@ class StepOutcome:
 
 
 def clipped_step(
-    optimizer: torch.optim.Optimizer,
+    optimizer: ClippedOptimizer,
     max_grad_norm: float | None = 1.0,
     scaler: DynamicLossScaler | None = None,
 ) -> StepOutcome:
     """Unscale (fp16), compute the global norm, clip, and step, or skip on a non-finite norm,
-    decided on the device (module docstring): no host sync. `optimizer.step` must take `ok`
-    (bertperf.optim.Lamb); the caller passes outcome.ok on to the scheduler. An optimizer with a
-    flat gradient buffer (bertperf.optim.FlatLamb.flat_grads) has it unscaled, measured, clipped
-    and cleaned as one tensor; otherwise every parameter's .grad is, with foreach ops. A
-    sharded optimizer (bertperf.optim.ShardedLamb) has its gradients reduce-scattered first and
-    the norm summed over the ranks' shards."""
-    grads = step_grads(optimizer)
+    decided on the device (module docstring): no host sync. The optimizer says what it steps on
+    (ClippedOptimizer); the caller passes outcome.ok on to the scheduler. FlatLamb's flat
+    gradient buffer is unscaled, measured, clipped and cleaned as one tensor; Lamb's .grad
+    tensors with foreach ops; ShardedLamb's gradients are reduce-scattered first and the norm
+    summed over the ranks' shards."""
+    grads = optimizer.step_grads()
     if scaler is not None:
         scaler.unscale_(grads)
-    norm = global_grad_norm(grads)
-    if hasattr(optimizer, "norm_over_ranks"):  # the grads are this rank's shard
-        norm = optimizer.norm_over_ranks(norm)
+    norm = optimizer.norm_over_ranks(global_grad_norm(grads))
     ok = torch.isfinite(norm)
     if grads:
         torch._foreach_mul_(grads, clip_coefficient(norm, max_grad_norm, if_nonfinite=0.0))

@@ -1,8 +1,8 @@
 """Build the optimizer by name and list its MLPerf log keys: "lamb" (Lamb, per tensor), "flat_lamb"
 (FlatLamb: the same LAMB over one flat fp32 buffer, stepped by bertperf.kernels.lamb_step) or
 "sharded_lamb" (ShardedLamb: FlatLamb's state sharded over the ranks, ZeRO-1; the trainer's
-SHARDED_LAMB). use_flat_lamb says which of the first two a model's parameters take (the
-trainer's FLAT_LAMB rule, asked by train/parallel.py). Hyper-parameters come from the caller
+SHARDED_LAMB). use_flat_lamb says which of the first two the trainer takes (its FLAT_LAMB rule,
+asked by train/parallel.py and train/allowed.py). Hyper-parameters come from the caller
 (nothing here reads the environment); param groups carry their own weight_decay, which overrides
 `weight_decay`."""
 
@@ -22,14 +22,13 @@ from bertperf.optim.sharded_lamb import ShardedLamb
 OPTIMIZERS = {"lamb": Lamb, "flat_lamb": FlatLamb, "sharded_lamb": ShardedLamb}
 
 
-def use_flat_lamb(params: Iterable[Tensor], setting: bool | None = None) -> bool:
-    """Whether LAMB over these parameters runs over one flat buffer ("flat_lamb", FlatLamb)
-    rather than per tensor ("lamb", Lamb): `setting` when given (FLAT_LAMB=1/0), else (auto)
-    whether bertperf.kernels takes its Triton path for them (CUDA tensors, Triton installed)."""
+def use_flat_lamb(setting: bool | None, fused_kernels: bool | None, cuda: bool) -> bool:
+    """Whether LAMB runs over one flat buffer ("flat_lamb", FlatLamb) rather than per tensor
+    ("lamb", Lamb): FLAT_LAMB's `setting` when given, else (auto) where bertperf.kernels run
+    their Triton kernels: FUSED_KERNELS not 0, on CUDA (`cuda`), Triton installed."""
     if setting is not None:
         return setting
-    first = next(iter(params), None)
-    return first is not None and backend.use_triton(first)
+    return fused_kernels is not False and cuda and backend.triton_installed()
 
 
 def make_optimizer(

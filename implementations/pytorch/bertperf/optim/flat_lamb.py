@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bertperf.kernels import Kernels
 from bertperf.kernels.lamb import LambLayout, lamb_step
 from bertperf.optim.lamb import Lamb, _row_blocks
 
@@ -40,12 +41,14 @@ def flat_layout(groups: list[dict[str, Any]], device: torch.device) -> LambLayou
 
 class FlatLamb(Lamb):
     """Lamb over flat fp32 buffers (module docstring). Arguments as Lamb's (ratios_on_host has
-    no effect here); the parameters must be fp32 tensors on one device, and must not be moved
-    or re-created afterwards (they are views of this optimizer's buffer)."""
+    no effect here), and kernels: how lamb_step runs (FUSED_KERNELS; default auto); the
+    parameters must be fp32 tensors on one device, and must not be moved or re-created
+    afterwards (they are views of this optimizer's buffer)."""
 
-    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]],
-                 **options: Any) -> None:
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], *,
+                 kernels: Kernels = Kernels(), **options: Any) -> None:
         super().__init__(params, **options)
+        self.kernels = kernels
         self._params = [p for group in self.param_groups for p in group["params"]]
         self._check_groups()
         self._device = self._params[0].device
@@ -119,6 +122,10 @@ class FlatLamb(Lamb):
         self._reattach(keep=True)
         return self._grads
 
+    def step_grads(self) -> list[Tensor]:
+        """The gradients a step reads (bertperf.optim.clip.ClippedOptimizer): the flat buffer."""
+        return [self.flat_grads()]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffer in place (set_to_none is ignored: the parameters'
         .grad stay its views, for autograd to accumulate into)."""
@@ -148,7 +155,7 @@ class FlatLamb(Lamb):
         lamb_step(self._layout, self._weights, self.flat_grads(), self._exp_avg,
                   self._exp_avg_sq, lr=first["lr"], betas=first["betas"], eps=first["eps"],
                   step=counts[0], ok=ok, bias_correction=first["bias_correction"],
-                  grad_averaging=first["grad_averaging"])
+                  grad_averaging=first["grad_averaging"], kernels=self.kernels)
         return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -134,6 +134,15 @@ class Lamb(torch.optim.Optimizer):
             group["step"] = torch.as_tensor(step, dtype=torch.float64).to(device)
         return group["step"]
 
+    def step_grads(self) -> list[Tensor]:
+        """The gradients a step reads (bertperf.optim.clip.ClippedOptimizer): every parameter's
+        .grad."""
+        return [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+
+    def norm_over_ranks(self, norm: Tensor) -> Tensor:
+        """The global norm (ClippedOptimizer): the norm of step_grads(), whole tensors."""
+        return norm
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None, *,  # type: ignore[override]
              ok: Tensor | None = None) -> float | None:

@@ -2,7 +2,7 @@
 buffers, as apex's DistributedFusedLAMB (docs/design.md, SHARDED_LAMB). Every rank holds the
 whole model and its local gradient buffer (no DDP), padded to world_size * S elements (S =
 shard_numel); rank r owns [r*S, (r+1)*S). A step (bertperf.optim.clip.clipped_step):
-1. `reduced_grads` reduce-scatters the gradients, averaged over the ranks; 2. the global norm is
+1. `step_grads` reduce-scatters the gradients, averaged over the ranks; 2. the global norm is
 the shards' summed over the ranks (`norm_over_ranks`), clipped or skipped as usual; 3. the rank
 updates its shard, with moments for it only, the trust ratios per whole tensor (or row block)
 from one all-reduce of the shards' sums of squares; 4. the weights are all-gathered in place.
@@ -78,7 +78,7 @@ class ShardedLamb(FlatLamb):
 
     # ---- communication --------------------------------------------------------------------
 
-    def reduced_grads(self) -> Tensor:
+    def step_grads(self) -> list[Tensor]:
         """Reduce-scatter the local gradient buffer (module docstring, 1.): this rank's shard
         of the gradients averaged over ranks, a buffer clipped_step then unscales, clips and
         cleans in place. The local buffer is left divided by the world size."""
@@ -86,7 +86,7 @@ class ShardedLamb(FlatLamb):
         if self.world_size > 1:
             grads.mul_(1.0 / self.world_size)
             _reduce_scatter(self._shard_grads, grads, group=self._group)
-        return self._shard_grads
+        return [self._shard_grads]
 
     def norm_over_ranks(self, norm: Tensor) -> Tensor:
         """The global norm from this rank's shard's norm (a 0-d tensor): sqrt of the squares
@@ -111,7 +111,7 @@ class ShardedLamb(FlatLamb):
     def step(self, closure: Callable[[], float] | None = None, *,  # type: ignore[override]
              ok: Tensor | None = None) -> float | None:
         """One LAMB update of this rank's shard, then the weights all-gathered (module
-        docstring, 3. and 4.). The shard's gradients are `reduced_grads()`, as clipped_step
+        docstring, 3. and 4.). The shard's gradients are `step_grads()`, as clipped_step
         leaves them; ok: a 0-d bool tensor, False for a step skipped on the device."""
         loss, counts = self._begin_step(closure, ok)
         self._update_shard(counts[0], ok)

@@ -197,17 +197,30 @@ def read(path: Path) -> dict[str, Any]:
 
 class Checkpointer:
     """Saves and resumes a run's parts (CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME_FROM, which
-    `resumable` reads and checks before the run's log opens), loaded in their order (the
-    model's shapes, then the run's Fingerprint, before the rest)."""
+    `resumable` reads and checks before the run's log opens). `parts` is asked for them each
+    time, so it names the run's current ones; they load in its order (the model's shapes and
+    the run's Fingerprint before the rest)."""
 
-    def __init__(self, parts: dict[str, Part], settings: CheckpointConfig, dist: Dist,
-                 device: torch.device) -> None:
+    def __init__(self, parts: Callable[[], dict[str, Part]], settings: CheckpointConfig,
+                 dist: Dist, device: torch.device) -> None:
         self.parts, self.settings, self.dist, self.device = parts, settings, dist, device
 
+    def states(self) -> dict[str, Any]:
+        """Every part's state by name. Every rank calls it (a sharded optimizer gathers its
+        state from all ranks)."""
+        return {name: part.state_dict() for name, part in self.parts().items()}
+
+    def restore(self, states: dict[str, Any]) -> None:
+        """Load every part's state from `states`, in the parts' order, each part asked for
+        after the ones before it loaded (a LAYERWISE stage rebuilds the optimizer and schedule
+        that load after it)."""
+        for name in list(self.parts()):
+            self.parts()[name].load_state_dict(states[name])
+
     def save(self, path: Path) -> Path | None:
-        """Write every part's state to `path`. Every rank calls it (a sharded optimizer
-        gathers its state from all ranks); rank 0 writes, the others return None."""
-        states = {name: part.state_dict() for name, part in self.parts.items()}
+        """Write every part's state to `path`. Every rank calls it (`states`); rank 0 writes,
+        the others return None."""
+        states = self.states()
         if self.dist.rank != 0:
             return None
         try:
@@ -227,10 +240,9 @@ class Checkpointer:
         return self.save(folder / file_name(step))
 
     def load(self, path: Path, state: dict[str, Any]) -> None:
-        """Restore every part from `state`, read from `path`."""
+        """Restore every part from `state`, read from `path` (`restore`)."""
         try:
-            for name, part in self.parts.items():
-                part.load_state_dict(state[name])
+            self.restore(state)
         except UserError as exc:
             raise UserError(f"checkpoint {path}: {exc}") from None
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
@@ -290,8 +302,8 @@ def resumable(cfg: RunConfig, bert: BertConfig, dist: Dist, device: torch.device
     if cfg.checkpoint.resume_from is None:
         return None
     progress = Progress()
-    early = Checkpointer({"config": Fingerprint(fingerprint(cfg, bert)), "progress": progress},
-                         cfg.checkpoint, dist, device)
+    parts = {"config": Fingerprint(fingerprint(cfg, bert)), "progress": progress}
+    early = Checkpointer(lambda: parts, cfg.checkpoint, dist, device)
     found = early.pick(report)
     if found is not None:
         early.load(*found)

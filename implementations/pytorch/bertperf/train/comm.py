@@ -14,8 +14,8 @@ of one machine after LOCALSGD_START)."""
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -23,6 +23,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
                                                                             post_localSGD_hook)
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+from bertperf.optim import resolve_warmup
 
 
 @dataclass
@@ -43,6 +45,24 @@ class Traffic:
 def grad_bytes(params: list[torch.nn.Parameter]) -> int:
     """The bytes of one full fp32 (parameter dtype) gradient of `params`."""
     return sum(p.numel() * p.element_size() for p in params)
+
+
+def warmup_end(cfg: Any) -> int:
+    """The optimizer step at which the LR warm-up ends (WARMUP_STEPS + START_WARMUP_STEP, or
+    MAX_STEPS x WARMUP_PROPORTION): where GRAD_COMM's methods start by default."""
+    o = cfg.optim
+    warmup, start = resolve_warmup(o.warmup_steps, o.start_warmup_step, o.max_steps,
+                                   o.warmup_proportion)
+    return max(0, warmup + start)
+
+
+def comm_start(cfg: Any) -> int:
+    """The step from which GRAD_COMM's method runs: POWERSGD_START (default: the end of the LR
+    warm-up, at least 2) or LOCALSGD_START (default: the end of the LR warm-up)."""
+    o = cfg.optim
+    if o.grad_comm.startswith("powersgd"):
+        return o.powersgd_start if o.powersgd_start is not None else max(2, warmup_end(cfg))
+    return o.localsgd_start if o.localsgd_start is not None else warmup_end(cfg)
 
 
 class Comm:
@@ -239,11 +259,30 @@ class LocalSGD(Comm):
         self.averager.step = int(saved["averager_step"])
 
 
-MODES: dict[str, Callable[[Any, Traffic, int], Comm]] = {
-    "bf16": lambda cfg, traffic, start: Compress(cfg, traffic, start, torch.bfloat16),
-    "fp16": lambda cfg, traffic, start: Compress(cfg, traffic, start, torch.float16),
-    "powersgd": lambda cfg, traffic, start: PowerSGD(cfg, traffic, start, bf16=False),
-    "powersgd_bf16": lambda cfg, traffic, start: PowerSGD(cfg, traffic, start, bf16=True),
-    "localsgd": LocalSGD,
+@dataclass(frozen=True)
+class Mode:
+    """A GRAD_COMM mode: its Comm class and the arguments the mode adds to (cfg, traffic,
+    start)."""
+
+    cls: type[Comm]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stateful(self) -> bool:
+        """It keeps state across steps (a checkpoint part)."""
+        return self.cls.stateful
+
+    def __call__(self, cfg: Any, traffic: Traffic, start: int) -> Comm:
+        """The mode on this rank."""
+        return self.cls(cfg, traffic, start, **self.options)
+
+
+MODES = {
+    "bf16": Mode(Compress, {"dtype": torch.bfloat16}),
+    "fp16": Mode(Compress, {"dtype": torch.float16}),
+    "powersgd": Mode(PowerSGD, {"bf16": False}),
+    "powersgd_bf16": Mode(PowerSGD, {"bf16": True}),
+    "localsgd": Mode(LocalSGD),
 }
-"""GRAD_COMM's modes other than allreduce: how each is made on a rank."""
+"""GRAD_COMM's modes other than allreduce, keyed by config.GRAD_COMMS's names: a new mode is an
+entry here and its name there."""

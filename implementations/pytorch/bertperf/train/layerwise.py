@@ -13,41 +13,29 @@ layers below run forward only). The one owner of the stages and of what happens 
   parameters set requires_grad=False and their layers run under no_grad (LAYERWISE_TRAIN=new),
   the plan rebuilt by `parallelize` over the trained parameters (a new LAMB, flat or sharded,
   DDP, compile), LAMB's moments per LAYERWISE_OPTIMIZER, the LR schedule per LAYERWISE_SCHEDULE,
-  the `layerwise_stage` MLPerf event logged.
+  the `layerwise_stage` MLPerf event logged; it returns the new plan and schedule (a StagePlan)
+  for the loop to take.
 - `StagePart`, a checkpoint part loaded before the model: the stage and the step it began at; a
-  resumed run re-enters that stage (the model grown, the plan rebuilt) before the model, optimizer
-  and schedule are loaded into it.
+  resumed run re-enters that stage (the model grown, the plan rebuilt, the trainer handed them)
+  before the model, optimizer and schedule are loaded into it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from bertperf.config import RunConfig, layerwise_stages
-from bertperf.model import BertForPreTraining
-from bertperf.optim import LinearWarmupPolyDecay, resolve_warmup
 from bertperf.mlperf.log import MLPerfLogger
-from bertperf.train.checkpoint import Checkpointer, Progress
+from bertperf.model import BertForPreTraining
+from bertperf.optim import DynamicLossScaler, LinearWarmupPolyDecay, resolve_warmup
+from bertperf.train.checkpoint import Progress
 from bertperf.train.dist import Dist
 from bertperf.train.parallel import Plan, parallelize
-
-
-class Trainer(Protocol):
-    """What a stage boundary reads and rebuilds of the run (train.loop.Trainer has it)."""
-
-    dist: Dist
-    device: torch.device
-    plan: Plan
-    scheduler: LinearWarmupPolyDecay
-    scaler: Any
-    log: MLPerfLogger
-    progress: Progress
-    checkpointer: Checkpointer
 
 LAYER = "bert.encoder.layer."
 
@@ -105,12 +93,21 @@ class StagedEncoder(nn.Module):
         return x
 
 
-class Stages:
-    """The run's stages and the one it is in (module docstring). Without LAYERWISE: one stage,
-    the model untouched, `before_step` a comparison with infinity."""
+class StagePlan(NamedTuple):
+    """A stage's plan and LR schedule, for the trainer to take."""
 
-    def __init__(self, cfg: RunConfig, core: BertForPreTraining) -> None:
-        self.cfg, self.core = cfg, core
+    plan: Plan
+    scheduler: LinearWarmupPolyDecay
+
+
+class Stages:
+    """The run's stages and the one it is in (module docstring), for the model `core` trained
+    on `dist` and `device`. Without LAYERWISE: one stage, the model untouched, `before_step` a
+    comparison with infinity."""
+
+    def __init__(self, cfg: RunConfig, core: BertForPreTraining, dist: Dist,
+                 device: torch.device) -> None:
+        self.cfg, self.core, self.dist, self.device = cfg, core, dist, device
         self.staged = cfg.layerwise.layerwise is not None
         self.stages = stages_of(cfg, core.config.num_hidden_layers)
         self.index = 0
@@ -127,19 +124,24 @@ class Stages:
     def stage(self) -> Stage:
         return self.stages[self.index]
 
-    def before_step(self, trainer: Trainer) -> None:
-        """The loop's call before each step: begin every stage whose turn has come (the plan,
-        schedule and checkpoint parts of `trainer` replaced), and log the stage a run starts in
-        at its first step."""
-        while trainer.progress.samples >= self.stage.end:
-            self.enter(trainer, self.index + 1, boundary=True)
-            self._log(trainer)
+    def before_step(self, progress: Progress, plan: Plan, scheduler: LinearWarmupPolyDecay,
+                    scaler: DynamicLossScaler | None, log: MLPerfLogger) -> StagePlan | None:
+        """The loop's call before each step, with the run's plan, schedule and loss scaler:
+        begin every stage whose turn has come and return the last one's plan and schedule (None
+        where the stage goes on); log each stage begun, and the stage a run starts in at its
+        first step."""
+        change = None
+        while progress.samples >= self.stage.end:
+            change = self.enter(self.index + 1, plan, scheduler, scaler, at_step=progress.step)
+            plan, scheduler = change
+            self._log(log, progress)
         if not self.logged:
-            self._log(trainer)
+            self._log(log, progress)
+        return change
 
-    def _log(self, trainer: Trainer) -> None:
-        trainer.log.layerwise_stage(self.index + 1, self.stage.layers, self.stage.train,
-                                    trainer.progress.step, trainer.progress.samples)
+    def _log(self, log: MLPerfLogger, progress: Progress) -> None:
+        log.layerwise_stage(self.index + 1, self.stage.layers, self.stage.train, progress.step,
+                            progress.samples)
         self.logged = True
 
     def frozen_layers(self, index: int) -> int:
@@ -147,16 +149,19 @@ class Stages:
         new ones."""
         return self.stages[index - 1].layers if index and self.stages[index].train == "new" else 0
 
-    def enter(self, trainer: Trainer, index: int, boundary: bool) -> None:
-        """Make stage `index` the run's: grow the encoder, set what trains, rebuild the plan and
-        the schedule. `boundary`: a live boundary (new layers initialised per LAYERWISE_INIT,
-        moments per LAYERWISE_OPTIMIZER); else a resume, whose checkpoint then loads the
-        weights, moments and schedule."""
+    def enter(self, index: int, plan: Plan, scheduler: LinearWarmupPolyDecay,
+              scaler: DynamicLossScaler | None, at_step: int | None) -> StagePlan:
+        """Make stage `index` the model's: grow the encoder, set what trains; its plan and
+        schedule, rebuilt from the run's `plan` (released), `scheduler` and `scaler`.
+        `at_step`: a live boundary after that many optimizer steps (new layers initialised per
+        LAYERWISE_INIT, moments per LAYERWISE_OPTIMIZER); None: a resume, whose checkpoint then
+        loads the weights, moments and schedule."""
         lw, core = self.cfg.layerwise, self.core
         encoder = core.bert.encoder
         old_depth, stage = len(encoder.layer), self.stages[index]
+        boundary = at_step is not None
         carry = boundary and lw.layerwise_optimizer == "copy"
-        saved = trainer.plan.optimizer.state_dict() if carry else None  # sharded: collective
+        saved = plan.optimizer.state_dict() if carry else None  # sharded: collective
         sources = copy_sources(old_depth, stage.layers) if lw.layerwise_init == "copy" else {}
         with torch.no_grad():
             for j in range(old_depth, stage.layers):
@@ -174,17 +179,15 @@ class Stages:
             if id(p) in frozen_params:  # out of the last FlatLamb's buffer, which can go
                 p.data = p.data.clone()
         encoder.frozen = frozen
-        trainer.plan.release()
-        plan = parallelize(core, self.cfg, trainer.dist, trainer.device, trainer.scaler,
-                           trainer.plan.traffic)
+        plan.release()
+        new = parallelize(core, self.cfg, self.dist, self.device, scaler, plan.traffic,
+                          kernels=plan.kernels)
         if saved is not None:
-            plan.optimizer.load_state_dict(carried_moments(saved, plan.optimizer, sources))
+            new.optimizer.load_state_dict(carried_moments(saved, new.optimizer, sources))
         if boundary:
-            self.began_at_step = trainer.progress.step
-        scheduler = self._schedule(plan.optimizer, trainer.scheduler)
-        trainer.plan, trainer.scheduler = plan, scheduler
-        trainer.checkpointer.parts.update(optimizer=plan.optimizer, scheduler=scheduler)
+            self.began_at_step = at_step
         self.index = index
+        return StagePlan(new, self._schedule(new.optimizer, scheduler))
 
     def _schedule(self, optimizer: torch.optim.Optimizer,
                   old: LinearWarmupPolyDecay) -> LinearWarmupPolyDecay:
@@ -199,14 +202,6 @@ class Stages:
         new = LinearWarmupPolyDecay(optimizer, warmup, o.max_steps, start)
         new.load_state_dict(old.state_dict())
         return new
-
-    def parts(self, trainer: Trainer, parts: dict[str, Any]) -> dict[str, Any]:
-        """The checkpoint parts with this stage's (a LAYERWISE run: after the fingerprint,
-        before the model, whose shape it sets); `parts` unchanged otherwise."""
-        if not self.staged:
-            return parts
-        first = {"config": parts["config"], "layerwise": StagePart(self, trainer)}
-        return {**first, **{k: v for k, v in parts.items() if k not in first}}
 
 
 def carried_moments(saved: dict[str, Any], optimizer: torch.optim.Optimizer,
@@ -240,11 +235,12 @@ def carried_moments(saved: dict[str, Any], optimizer: torch.optim.Optimizer,
 @dataclass
 class StagePart:
     """The checkpoint part of a LAYERWISE run: the stage and the step it began at. Loading
-    re-enters that stage (the encoder grown, the plan rebuilt; the model, optimizer and
-    schedule parts loaded after it fill them)."""
+    calls `resume` with a stage the run is not in, which re-enters it (the encoder grown, the
+    plan rebuilt, both handed to the trainer; the model, optimizer and schedule parts loaded
+    after it fill them)."""
 
     stages: Stages
-    trainer: Trainer
+    resume: Callable[[int], None]
 
     def state_dict(self) -> dict[str, int]:
         return {"stage": self.stages.index, "began_at_step": self.stages.began_at_step}
@@ -253,4 +249,4 @@ class StagePart:
         self.stages.began_at_step = int(state["began_at_step"])
         index = int(state["stage"])
         if index != self.stages.index:
-            self.stages.enter(self.trainer, index, boundary=False)
+            self.resume(index)

@@ -88,7 +88,7 @@ class Layout:
                 f"counts {cfg.data.packing_factor} (PACKING_FACTOR)"]
 
 
-LAYOUTS = {
+LAYOUTS = {  # keyed by config.LAYOUTS's names
     "varlen": Layout("varlen", "unpadded", UnpaddedBatch, fixed_shapes=False),
     "packed": Layout("packed", "packed", PackedBatch, fixed_shapes=True),
     "stratified": Layout("stratified", "length-stratified", UnpaddedBatch, fixed_shapes=False,
@@ -112,24 +112,21 @@ def first_shard(train_dir: Path) -> Path:
     return detect.sample_files(train_dir, "training")[0]
 
 
-def resolve(cfg: RunConfig) -> RunConfig:
-    """The configuration with LAYOUT set to what the training folder holds (when unset) and
-    checked against it and against the settings that need one layout."""
-    first = first_shard(cfg.data.train_dir)
+def holds(train_dir: Path) -> str:
+    """The layout the training folder's shards are made for (a one-line UserError for files
+    training does not read)."""
+    first = first_shard(train_dir)
     kind = detect.header(first).kind
-    holds = "stratified" if ShardDataset.is_stratified(cfg.data.train_dir) else _BY_KIND.get(kind)
-    if holds is None:
+    found = "stratified" if ShardDataset.is_stratified(train_dir) else _BY_KIND.get(kind)
+    if found is None:
         raise UserError(f"{first}: a {kind} file; training reads unpadded shards (prep unpad) or "
                         "packed ones (prep pack), which both make from this one")
-    layout = LAYOUTS[cfg.data.layout or holds]
-    if layout.name != holds:
-        raise UserError(f"LAYOUT={layout.name}, but {cfg.data.train_dir} holds "
-                        f"{LAYOUTS[holds].holds} shards (prep pack makes packed shards from "
-                        "unpadded ones, --unpack the reverse; prep stratify makes "
-                        "length-stratified ones)")
-    if (layout.name == "packed" or layout.stratified) and cfg.data.loader_split != "global_batch":
-        why = "counts each global batch's sequences on every rank" if layout.name == "packed" \
-            else "composes each global batch from every length bin"
-        raise UserError(f"LAYOUT={layout.name} {why}: it needs LOADER_SPLIT=global_batch, not "
-                        f"{cfg.data.loader_split}")
-    return replace(cfg, data=replace(cfg.data, layout=layout.name))
+    return found
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """The configuration with LAYOUT set to what the training folder holds when unset, after
+    the folder's files are found to be training shards (a LAYOUT the folder does not hold is
+    train.allowed's to refuse)."""
+    found = holds(cfg.data.train_dir)
+    return replace(cfg, data=replace(cfg.data, layout=cfg.data.layout or found))

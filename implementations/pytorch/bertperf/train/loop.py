@@ -3,8 +3,9 @@ parallelism plan and checkpoint parts: docs/design.md, "The trainer's junction")
 is one optimizer step of GRADIENT_STEPS micro-batches, its loss summed over the step's masked
 tokens and sequences and divided by their global counts; `run_loop` trains, logs, evaluates and
 checkpoints until the target (success), MAX_SAMPLES_TERMINATION or MAX_STEPS (aborted) or a
-non-finite loss (aborted, exit 1). Nothing inside a step waits for the device: the losses are
-read every LOG_FREQ steps and at evals (Interval)."""
+non-finite loss (aborted, exit 1), telling a caller that measures it (LoopEvents) as it goes.
+Nothing inside a step waits for the device: the losses are read every LOG_FREQ steps and at
+evals (Interval)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
@@ -28,7 +29,7 @@ from bertperf.config import RunConfig
 from bertperf.data.loader import ShardLoader
 from bertperf.data.synthetic import synthetic_samples
 from bertperf.formats.samples import Samples
-from bertperf.kernels import backend
+from bertperf.kernels import Kernels
 from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
 from bertperf.model import BatchCounts, BertConfig, BertForPreTraining
@@ -76,11 +77,40 @@ class Trainer(Step):
     """Sequences per step as MLPerf counts them (train.layout.Layout.global_batch_size)."""
     progress: checkpoint.Progress
     """The loop's counters."""
-    checkpointer: checkpoint.Checkpointer
-    """The run's checkpoint parts (model, fingerprint, optimizer, schedule, loss scale, loader,
-    progress, random states; LAYERWISE: the stage)."""
     stages: layerwise.Stages
-    """LAYERWISE's stages: `before_step` may replace the plan and the schedule."""
+    """LAYERWISE's stages: the loop takes a new stage's plan and schedule from `before_step`."""
+    checkpointer: checkpoint.Checkpointer = field(init=False)
+    """Saves and resumes `parts()`."""
+
+    def __post_init__(self) -> None:
+        self.checkpointer = checkpoint.Checkpointer(self.parts, self.cfg.checkpoint, self.dist,
+                                                    self.device)
+
+    def parts(self) -> dict[str, checkpoint.Part]:
+        """The run's checkpoint parts as they are now, in their load order: the model (its
+        shapes) and the run's fingerprint, or with LAYERWISE the fingerprint, the stage and
+        then the model; the optimizer, schedule, loss scale, loader position, progress, random
+        states and GRAD_COMM's state."""
+        plan = self.plan
+        model = checkpoint.ModelWeights(plan.core)
+        config = checkpoint.Fingerprint(checkpoint.fingerprint(self.cfg, plan.core.config))
+        first = {"model": model, "config": config}
+        if self.stages.staged:
+            first = {"config": config,
+                     "layerwise": layerwise.StagePart(self.stages, self.resume_stage),
+                     "model": model}
+        return {**first, "optimizer": plan.optimizer, "scheduler": self.scheduler,
+                **({"scaler": checkpoint.LossScale(self.scaler)} if self.scaler is not None
+                   else {}),
+                "loader": self.batches, "progress": self.progress,
+                "rng": checkpoint.RandomState(self.dist.rank, self.cfg.train.seed, self.progress),
+                **({"grad_comm": plan.comm} if plan.comm is not None and plan.comm.stateful
+                   else {})}
+
+    def resume_stage(self, index: int) -> None:
+        """Re-enter LAYERWISE stage `index`, a checkpoint's (layerwise.StagePart)."""
+        self.plan, self.scheduler = self.stages.enter(index, self.plan, self.scheduler,
+                                                      self.scaler, at_step=None)
 
 
 def autocast_for(cfg: RunConfig, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:  # noqa: E501
@@ -91,7 +121,7 @@ def autocast_for(cfg: RunConfig, device: torch.device) -> Callable[[], contextli
 
 
 def pick_device(cfg: RunConfig) -> torch.device:
-    """CPU or this rank's GPU (train.checks.check_device made sure a CUDA run has one)."""
+    """CPU or this rank's GPU (train.allowed made sure a CUDA run has one)."""
     return torch.device("cpu") if on_cpu(cfg) else torch.device("cuda", cfg.dist.local_rank)
 
 
@@ -178,9 +208,8 @@ def setup(inputs: Inputs, log: MLPerfLogger) -> Trainer:
     core = BertForPreTraining(inputs.bert).to(device)
     if inputs.init_weights is not None:
         core.load_state_dict(inputs.init_weights, strict=True)
-    stages = layerwise.Stages(cfg, core)  # LAYERWISE: the encoder cut to its first stage
+    stages = layerwise.Stages(cfg, core, dist, device)  # LAYERWISE: the encoder cut to stage 1
     step = build_step(cfg, dist, device, core)
-    plan, scheduler, scaler = step.plan, step.scheduler, step.scaler
     batches = DeviceBatches(loader, device, layout.batch_type)
     eval_share = inputs.eval_share
     if cfg.model.init_checkpoint is not None and cfg.model.init_eval:
@@ -198,35 +227,23 @@ def setup(inputs: Inputs, log: MLPerfLogger) -> Trainer:
         C.GLOBAL_BATCH_SIZE: global_batch_size,
         C.GRADIENT_ACCUMULATION_STEPS: cfg.train.gradient_steps,
         C.MAX_SEQUENCE_LENGTH: loader.max_seq_length,
-        **mlperf_hparams(plan.optimizer, scheduler),
+        **mlperf_hparams(step.plan.optimizer, step.scheduler),
         C.EVAL_SAMPLES: inputs.eval_total,
     })
     progress = checkpoint.Progress(next_eval=cfg.first_eval(global_batch_size))
-    parts = {"model": checkpoint.ModelWeights(core),
-             "config": checkpoint.Fingerprint(checkpoint.fingerprint(cfg, core.config)),
-             "optimizer": plan.optimizer, "scheduler": scheduler,
-             **({"scaler": checkpoint.LossScale(scaler)} if scaler is not None else {}),
-             "loader": batches, "progress": progress,
-             "rng": checkpoint.RandomState(dist.rank, cfg.train.seed, progress),
-             **({"grad_comm": plan.comm} if plan.comm is not None and plan.comm.stateful
-                else {})}
-    trainer = Trainer(cfg, dist, device, plan, scheduler, scaler, loader, batches, eval_share,
-                      log, global_batch_size, progress,
-                      checkpoint.Checkpointer(parts, cfg.checkpoint, dist, device), stages)
-    trainer.checkpointer.parts = stages.parts(trainer, parts)
-    return trainer
+    return Trainer(**vars(step), loader=loader, batches=batches, eval_share=eval_share, log=log,
+                   global_batch_size=global_batch_size, progress=progress, stages=stages)
 
 
 def build_step(cfg: RunConfig, dist: distributed.Dist, device: torch.device,
-               core: BertForPreTraining) -> Step:
-    """The step's parts around the one-device model `core`: the kernels FUSED_KERNELS selects,
-    the fp16 loss scaler, the parallelism plan (optimizer, reduction, compile) and the LR
-    schedule."""
-    backend.select(cfg.train.fused_kernels)
+               core: BertForPreTraining, kernels: Kernels | None = None) -> Step:
+    """The step's parts around the one-device model `core`: the fp16 loss scaler, the
+    parallelism plan (kernels, default FUSED_KERNELS's; optimizer, reduction, compile) and the
+    LR schedule."""
     opt = cfg.optim
     scaler = DynamicLossScaler(init_scale=opt.init_loss_scale, device=device) \
         if cfg.train.precision == "fp16" else None
-    plan = parallelize(core, cfg, dist, device, scaler)
+    plan = parallelize(core, cfg, dist, device, scaler, kernels=kernels)
     warmup, start = resolve_warmup(opt.warmup_steps, opt.start_warmup_step, opt.max_steps,
                                    opt.warmup_proportion)
     scheduler = LinearWarmupPolyDecay(plan.optimizer, warmup, opt.max_steps, start)
@@ -341,16 +358,14 @@ call and replay it from the third."""
 def warm_up(trainer: Trainer) -> None:
     """Compile before run_start what the run compiles (torch.compile of the micro-step, its CUDA
     graphs, the Triton kernels' first launches, the eval's dropout-free variants): WARMUP_STEPS
-    steps and one eval batch on made-up data of the run's shapes, then the model, optimizer,
-    schedule, loss scale and every random generator put back as they were, so the run that
-    follows computes what it would have without it. Only where something compiles (COMPILE,
-    USE_CUDA_GRAPH, CUDA)."""
+    steps and one eval batch on made-up data of the run's shapes, then every checkpoint part
+    (Trainer.parts: the model, optimizer, schedule, loss scale, ...) and every rank's random
+    generators put back as they were, so the run that follows computes what it would have
+    without it. Only where something compiles (COMPILE, USE_CUDA_GRAPH, CUDA)."""
     plan, cfg = trainer.plan, trainer.cfg
     if not (plan.compiled or trainer.device.type == "cuda"):
         return
-    parts = {name: part for name, part in trainer.checkpointer.parts.items()
-             if name in ("model", "optimizer", "scheduler", "scaler", "grad_comm")}
-    saved = {name: _to_host(part.state_dict()) for name, part in parts.items()}
+    saved = _to_host(trainer.checkpointer.states())
     generators = checkpoint.RandomState(0, cfg.train.seed, trainer.progress)  # every rank's own
     random_state = generators.state_dict()
     layout, vocab = layout_of(cfg), plan.core.config.vocab_size
@@ -362,8 +377,7 @@ def warm_up(trainer: Trainer) -> None:
                                 trainer.loader.max_seq_length, trainer.loader.max_pred, vocab)
     mlm_accuracy(plan.core, samples, cfg.train.eval_batch_size, trainer.dist, trainer.device,
                  trainer.autocast)
-    for name, part in parts.items():
-        part.load_state_dict(saved[name])
+    trainer.checkpointer.restore(saved)
     generators.load_state_dict(random_state)
     plan.traffic.reset()
 
@@ -423,10 +437,32 @@ class Stop:
     """Aborted on a non-finite loss: the run fails (exit status 1)."""
 
 
-def run_loop(trainer: Trainer, report: Callable[[str], None]) -> Stop:
+class LoopEvents:
+    """The points of `run_loop` a caller can watch (`bench layerwise` times the run by them):
+    a subclass overrides the ones it needs; here each does nothing."""
+
+    def run_start(self, trainer: Trainer) -> None:
+        """Before the first step."""
+
+    def step_start(self) -> None:
+        """Before train_step, its micro-batches on the device."""
+
+    def step_end(self, step: int, samples: int) -> None:
+        """After train_step, with the optimizer steps done and the samples trained."""
+
+    def eval_start(self) -> None:
+        """Before an eval."""
+
+    def eval_end(self, samples: int, accuracy: float) -> None:
+        """After an eval at `samples` samples trained."""
+
+
+def run_loop(trainer: Trainer, report: Callable[[str], None],
+             events: LoopEvents | None = None) -> Stop:
     """Train from where `trainer.progress` stands (a fresh run's zeros, or a resumed run's
-    counters) until a stopping rule fires."""
+    counters) until a stopping rule fires, telling `events` (LoopEvents) as it goes."""
     cfg, progress = trainer.cfg, trainer.progress
+    events = events or LoopEvents()
     evaluate = functools.partial(mlm_accuracy, trainer.plan.core, trainer.eval_share,
                                  cfg.train.eval_batch_size, trainer.dist, trainer.device,
                                  trainer.autocast)
@@ -434,14 +470,20 @@ def run_loop(trainer: Trainer, report: Callable[[str], None]) -> Stop:
     blocks.start(progress.samples)
     trainer.plan.model.train()
     interval = Interval(trainer.device)
+    events.run_start(trainer)
     while True:
         distributed.raise_if_terminated()
-        trainer.stages.before_step(trainer)  # LAYERWISE: a new stage's plan and schedule
+        change = trainer.stages.before_step(progress, trainer.plan, trainer.scheduler,
+                                            trainer.scaler, trainer.log)
+        if change is not None:  # LAYERWISE: a new stage's plan and schedule
+            trainer.plan, trainer.scheduler = change
         micro = [next(trainer.batches) for _ in range(cfg.train.gradient_steps)]
+        events.step_start()
         interval.add(train_step(trainer, micro), micro)
         progress.step += 1
         progress.samples += sum(m.host.global_sequences for m in micro)
         step, samples = progress.step, progress.samples
+        events.step_end(step, samples)
         logged = bool(cfg.train.log_every) and step % cfg.train.log_every == 0
         evaluated = samples >= progress.next_eval
         capped = samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps
@@ -459,7 +501,9 @@ def run_loop(trainer: Trainer, report: Callable[[str], None]) -> Stop:
         if evaluated:
             while progress.next_eval <= samples:
                 progress.next_eval += cfg.eval_interval(trainer.global_batch_size)
+            events.eval_start()
             accuracy = blocks.evaluate(samples, evaluate)
+            events.eval_end(samples, accuracy)
             report(f"eval at {samples} samples: mlm accuracy {accuracy:.4f}")
             if accuracy >= cfg.train.target_accuracy:
                 return Stop(C.SUCCESS, samples)
@@ -484,12 +528,12 @@ def resume(trainer: Trainer, found: tuple[Path, dict] | None,
     trainer.log.resumed(path, p.step, p.samples)
 
 
-def main(cfg: RunConfig) -> int:
-    """A whole MLPerf run; 0 when it ended by a stopping rule, 1 on a non-finite loss. What can
-    be checked before the MLPerf log opens is checked then (the configuration: train.checks.
-    prepare; the data and the checkpoints: read_inputs), so that a problem there leaves an
-    earlier log at the log's path as it was; any failure after the log opens logs run_stop
-    with status aborted before it propagates."""
+def main(cfg: RunConfig, events: LoopEvents | None = None) -> int:
+    """A whole MLPerf run (its loop telling `events`: run_loop); 0 when it ended by a stopping
+    rule, 1 on a non-finite loss. What can be checked before the MLPerf log opens is checked
+    then (the configuration: train.checks.prepare; the data and the checkpoints: read_inputs),
+    so that a problem there leaves an earlier log at the log's path as it was; any failure
+    after the log opens logs run_stop with status aborted before it propagates."""
     report = rank0_printer(cfg.dist.rank)
     cfg = prepare(cfg)
     for line in run_warnings(cfg):
@@ -510,15 +554,9 @@ def main(cfg: RunConfig) -> int:
             warm_up(trainer)
             log.end(C.INIT_STOP)
             log.start(C.RUN_START)
-            stop = run_loop(trainer, report)
+            stop = run_loop(trainer, report, events)
             log.event(C.TRAIN_SAMPLES, stop.samples)
-            traffic = trainer.plan.traffic
-            log.grad_comm_bytes(cfg.optim.grad_comm, trainer.plan.reduction.name,
-                                traffic.per_step(), traffic.world, traffic.node, traffic.steps)
-            report(f"gradient exchange ({trainer.plan.reduction.name}): "
-                   f"{traffic.per_step() / 2**20:.3f} MiB a step to all ranks "
-                   f"({traffic.world} bytes over {traffic.steps} steps"
-                   + (f"; {traffic.node} bytes within the node" if traffic.node else "") + ")")
+            trainer.plan.log_traffic(log, report)
             log.end(C.RUN_STOP, metadata={C.STATUS: stop.status})
             stopped = True
             report(f"run_stop: {stop.status} after {stop.samples} samples")

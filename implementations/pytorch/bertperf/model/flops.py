@@ -1,5 +1,6 @@
 """Model FLOPs of BERT pretraining, counted on real tokens: what a training step must compute,
-whatever the implementation pads or recomputes (docs/performance.md, `bench train`).
+whatever the implementation pads or recomputes; the benchmarks' and the performance model's
+MFU count them (docs/performance.md).
 
 With d = hidden size, f = intermediate size, V = vocab size (real, not padded), n layers, a
 sequence of L real tokens with m masked tokens:

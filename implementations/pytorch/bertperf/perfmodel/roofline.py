@@ -9,16 +9,16 @@ backward: another autograd node is running; optimizer: called from bertperf.opti
 otherwise) and the bertperf function that issued it (for backward operators the forward
 operator's, from the tracebacks anomaly mode keeps). The caller runs it on fake tensors
 (FakeTensorMode: shapes and dtypes, no data), so BERT-large at the MLPerf batch is traced in
-seconds on a CPU, inside `OnCuda()`, which runs it as CUDA would: layer_norm, softmax and
-log_softmax in float32 under CPU autocast, as CUDA autocast runs them (CPU autocast keeps them
-in bfloat16), and bertperf.kernels.backend told that the tensors are CUDA tensors, so the
-kernels take their Triton path where FUSED_KERNELS allows it (everything else sees the CPU).
-Views, allocations, detaches and profiler marks launch nothing and are not recorded; a host sync
-(`Tensor.item` and what calls it) is counted and answered with 1. bertperf.kernels' Triton
-kernels are custom operators with fake implementations, recorded as one kernel each, except
-those launched outside ATen (FlatLamb's three LAMB kernels): inside `triton_stand_ins()` their
-launcher is replaced by a stand-in that records each launch (`launch`) with the tensors it reads
-and writes.
+seconds on a CPU, as CUDA would run it: inside `OnCuda()` layer_norm, softmax and log_softmax
+run in float32 under CPU autocast, as CUDA autocast runs them (CPU autocast keeps them in
+bfloat16), and the step is built with bertperf.kernels.Kernels(fused, assume_cuda=True,
+launchers=STAND_INS), so the kernels take their Triton path where FUSED_KERNELS allows it
+(everything else sees the CPU). Views, allocations, detaches and profiler marks launch nothing
+and are not recorded; a host sync (`Tensor.item` and what calls it) is counted and answered with
+1. bertperf.kernels' Triton kernels are custom operators with fake implementations, recorded as
+one kernel each, except those launched outside ATen (FlatLamb's three LAMB kernels): their
+launcher's stand-in in STAND_INS records each launch (`launch`) with the tensors it reads and
+writes.
 
 Price (`step_cost`): every kernel takes max(FLOPs / rate, bytes / bandwidth, launches x launch
 cost); rate: the tensor-core peak for fp16/bf16 matmuls times MATMUL_EFFICIENCY, the FP8 peak
@@ -28,7 +28,7 @@ bandwidth times MEMORY_EFFICIENCY. Each efficiency is calibrated on a published 
 developers') measurement of that kind of kernel on that GPU, kept as data in anchors.csv beside
 this file; none is fitted to a training result. Not modelled: the efficiencies' dependence on
 the shapes (BERT-large's GEMMs are smaller than the ones measured), overlap of the host's
-launches with the GPU's work, caches, host syncs, data loading, communication (bench scale adds
+launches with the GPU's work, caches, host syncs, data loading, communication (scale.py adds
 the all-reduce). The launch costs are assumptions, not calibrated.
 
 Attention (`flash_attention`): on the CPU the model pads the sequences into a dense batch; on CUDA
@@ -46,13 +46,11 @@ into or across, so they stay kernels of their own and cut the chains around them
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import math
 import re
 import sys
-import types
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -72,7 +70,7 @@ aten = torch.ops.aten
 ANCHORS = Path(__file__).with_name("anchors.csv")
 """The published (or the developers') measurements the efficiencies below are calibrated on, one
 a row: quantity (gemm, gemm_fp8, bandwidth, attention_forward, attention_backward, mlperf_fp8;
-bert_dle_fp16: bench scale's commodity GPUs), gpu, value, unit, what was measured, source. Data, not code: installed with the package."""
+bert_dle_fp16: scale.py's commodity GPUs), gpu, value, unit, what was measured, source. Data, not code: installed with the package."""
 
 
 @dataclass(frozen=True)
@@ -241,12 +239,12 @@ class Trace:
 @functools.cache
 def _module(filename: str) -> str | None:
     """bertperf/kernels/bias_gelu.py -> "kernels.bias_gelu"; None outside the package (and for
-    bench/, which drives the step)."""
+    perfmodel/, which drives the step)."""
     try:
         rel = Path(filename).resolve().relative_to(PACKAGE)
     except ValueError:
         return None
-    return None if rel.parts[0] == "bench" else ".".join(rel.with_suffix("").parts)
+    return None if rel.parts[0] == "perfmodel" else ".".join(rel.with_suffix("").parts)
 
 
 def _bertperf_frames(frames: Iterable[tuple[str, str]]) -> list[str]:
@@ -393,7 +391,7 @@ def _lamb_launches(layout, params: torch.Tensor, grads: torch.Tensor, exp_avg: t
                    exp_avg_sq: torch.Tensor, coef: torch.Tensor, lr: torch.Tensor, beta3: float,
                    one_minus_beta2: float, eps: float) -> None:
     """bertperf.kernels.triton.lamb.step's three launches, recorded with what each reads and
-    writes (the same signature: tests/unit/test_bench_train.py compares them): the moments and
+    writes (the same signature: tests/unit/test_roofline.py compares them): the moments and
     each chunk's squared norms, one program per tensor for its trust ratio, the update. FLOPs:
     one an element, as the recorder counts elementwise operators."""
     chunks = layout.chunk_tensor.numel()
@@ -408,57 +406,21 @@ def _lamb_launches(layout, params: torch.Tensor, grads: torch.Tensor, exp_avg: t
            (params,))
 
 
-STAND_INS = {"bertperf.kernels.triton.lamb": {"step": _lamb_launches}}
-"""Launchers of bertperf's Triton kernels that call them outside ATen, by module: they cannot
-run on fake tensors (nor without a GPU), so `triton_stand_ins` replaces them."""
-
-
-@contextlib.contextmanager
-def triton_stand_ins():
-    """Inside: each module of STAND_INS is a stand-in module holding the stand-in launchers
-    (Triton need not be installed), for `from bertperf.kernels.triton import lamb` and
-    `import bertperf.kernels.triton.lamb` alike; the real modules are back afterwards."""
-    import importlib
-
-    saved = []
-    try:
-        for name, functions in STAND_INS.items():
-            package, _, attr = name.rpartition(".")
-            parent = importlib.import_module(package)
-            saved.append((name, sys.modules.get(name), parent, attr, getattr(parent, attr, None)))
-            module = types.ModuleType(name, "a stand-in (bench/roofline.py)")
-            module.__dict__.update(functions)
-            sys.modules[name] = module
-            setattr(parent, attr, module)
-        yield
-    finally:
-        for name, module, parent, attr, value in reversed(saved):
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
-            if value is None:
-                delattr(parent, attr)
-            else:
-                setattr(parent, attr, value)
-
-
-_IS_CUDA = torch.Tensor.is_cuda.__get__
-_BACKEND = "bertperf.kernels.backend"
+STAND_INS = {"lamb.step": _lamb_launches}
+"""Stand-ins for the launchers of bertperf's Triton kernels that call them outside ATen, by name
+(bertperf.kernels.Kernels.launchers): the real ones cannot run on fake tensors (nor without a
+GPU)."""
 
 
 class OnCuda(TorchFunctionMode):
-    """The step as CUDA runs it, on CPU (fake) tensors (module docstring): under CPU autocast,
-    layer_norm, softmax and log_softmax in float32; `is_cuda` is True when bertperf.kernels.backend
-    asks it (only there: attention, autocast and the rest see the CPU)."""
+    """Under CPU autocast, layer_norm, softmax and log_softmax in float32, as CUDA autocast runs
+    them (module docstring)."""
 
     FUNCTIONS = frozenset({F.layer_norm, F.softmax, F.log_softmax, torch.softmax, torch.log_softmax,
                            torch.Tensor.softmax, torch.Tensor.log_softmax})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func == _IS_CUDA and sys._getframe(1).f_globals.get("__name__") == _BACKEND:
-            return True
         if func in self.FUNCTIONS and torch.is_autocast_enabled("cpu"):
             args, kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: t.float() if t.is_floating_point() else t, (args, kwargs))
@@ -468,7 +430,7 @@ class OnCuda(TorchFunctionMode):
 def trace(step: Callable[[], object]) -> Trace:
     """The kernels of `step()`, run once to create lazy state and then recorded (module
     docstring). Call it inside the FakeTensorMode the step's tensors belong to (and OnCuda()
-    for CUDA's step)."""
+    for CUDA's step, built with Kernels(..., assume_cuda=True, launchers=STAND_INS))."""
     step()
     recorder = _Recorder()
     _RECORDING.append(recorder)

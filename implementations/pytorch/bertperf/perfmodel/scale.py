@@ -1,4 +1,4 @@
-"""`python -m bertperf bench scale`: a performance model of the trainer on DGX A100 clusters, and
+"""`python -m bertperf model scale`: a performance model of the trainer on DGX A100 clusters, and
 with --cluster commodity on commodity ones (a model, not a measurement). From a single-GPU step
 time and the real gradient messages it predicts the step time and the time to train of each
 config_DGXA100_*.sh, names the term that dominates the step, and puts the published MLPerf times
@@ -7,7 +7,7 @@ beside them.
 A step on every GPU, with b sequences (LAYOUT=packed: rows) a micro-batch and g micro-batches:
 
   compute    g micro-steps (forward + backward + gradient accumulation) at b on one A100:
-             bench/roofline.py's price of the trainer's traced bf16 step (varlen or packed, with
+             perfmodel/roofline.py's price of the trainer's traced bf16 step (varlen or packed, with
              bertperf.kernels' Triton kernels, as it runs on CUDA), or a measured time
              (--step-ms B=MS)
   all-reduce the gradients in DDP's buckets: the model's parameters (BERT-large, built on the
@@ -21,7 +21,7 @@ A step on every GPU, with b sequences (LAYOUT=packed: rows) a micro-batch and g 
              kernels), or --optimizer-ms
   evals      every eval interval (MLPerf's formula of the global batch) each GPU runs the forward
              pass over its share of the 10,000 eval samples: a third of a micro-step (backward =
-             2 x forward, bench/flops.py) per b of them; spread over the steps in the table
+             2 x forward, model/flops.py) per b of them; spread over the steps in the table
   data       not on the step's path: the loader builds batches ahead on a thread (PREFETCH)
 
 All-reduce of M bytes over p GPUs, latency alpha a step and bandwidth B a GPU and direction:
@@ -70,15 +70,15 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from bertperf.bench import CALIBRATION_TOLERANCE as TOLERANCE
 from bertperf.benchmark import DIVISIONS, EVAL_SAMPLES
 from bertperf.config import GRAD_COMMS as MODES, reference_eval_interval
 from bertperf.errors import UserError
+from bertperf.perfmodel import CALIBRATION_TOLERANCE as TOLERANCE
 
 CONFIGS = "config_DGXA100_*x*.sh"
 """The config files modelled by default, in the current folder (the checkout's root)."""
 GPU = "A100 80GB SXM"
-"""The roofline GPU (bench/roofline.py's GPUS) the compute is priced on."""
+"""The roofline GPU (roofline.py's GPUS) the compute is priced on."""
 
 NVLINK_GBPS = 300.0
 """NVSwitch bandwidth a GPU and direction, busbw-equivalent, GB/s: third-generation NVLink gives an
@@ -234,21 +234,21 @@ class Compute:
 
 @cache
 def modelled(batch: int, packed: bool) -> Compute:
-    """roofline's price on the A100 of the trainer's traced step at this micro-batch (bench
-    train's model: bf16, Triton kernels, FlatLamb)."""
-    from bertperf.bench import train
+    """roofline's price on the A100 of the trainer's traced step at this micro-batch (model
+    step's: bf16, Triton kernels, FlatLamb)."""
     from bertperf.model import BertConfig
+    from bertperf.perfmodel import step
 
     config = BertConfig.large()
     layout = "packed" if packed else "varlen"
-    trace, segments, _ = train.trace_step(config, train.model_steps(batch)[layout], layout, True)
+    trace, segments, _ = step.trace_step(config, step.model_steps(batch)[layout], True)
     return priced(trace, segments, config, f"{layout} model")
 
 
 def priced(trace, segments, config, source: str) -> Compute:
-    """roofline's price on the A100 of a traced step (train.trace_step's trace and segments, of a
+    """roofline's price on the A100 of a traced step (step.trace_step's trace and segments, of a
     model of `config`), its attention as FlashAttention."""
-    from bertperf.bench import roofline
+    from bertperf.perfmodel import roofline
 
     ops = roofline.flash_attention(trace.ops, segments, config.hidden_size,
                                    config.num_attention_heads)
@@ -551,12 +551,12 @@ PAPER = ("Lin, Li and Pekhimenko, arXiv 2008.00177: BERT pre-trained in 12 days 
 def slowdown(gpu: CommodityGpu) -> float:
     """How many times the A100's time the trainer's step takes on `gpu`: the ratio of the two
     GPUs' SPEED_ANCHOR rates in anchors.csv; a UserError where `gpu` has none."""
-    from bertperf.bench import roofline
+    from bertperf.perfmodel import roofline
 
     rows = roofline.anchors()
     if (SPEED_ANCHOR, gpu.name) not in rows:
         raise UserError(f"{gpu.name}: not predicted: no published BERT-large throughput of it in "
-                        f"bench/anchors.csv ({SPEED_ANCHOR}) to calibrate its compute on")
+                        f"perfmodel/anchors.csv ({SPEED_ANCHOR}) to calibrate its compute on")
     return rows[SPEED_ANCHOR, roofline.A100].value / rows[SPEED_ANCHOR, gpu.name].value
 
 
@@ -601,7 +601,7 @@ def powersgd_seconds(gpu: CommodityGpu, rank: int, itemsize: int) -> float:
     error (reads M and the error, writes M), P = M Q (2 e r FLOPs), orthogonalises P (Gram-
     Schmidt, 4 n r^2 FLOPs, r launches), Q = M^T P (2 e r), M = P Q^T (2 e r) and the new error
     (reads both Ms, writes it); its matmuls in float32, at the float32 peak."""
-    from bertperf.bench import roofline
+    from bertperf.perfmodel import roofline
 
     a100 = next(g for g in roofline.GPUS if g.name == roofline.A100)
     priced = replace(a100, name=gpu.name, tensor_flops=gpu.tensor_flops,
@@ -676,7 +676,7 @@ def commodity_mode(run: Run, compute: Compute, gpu: CommodityGpu, net: Network, 
 
 CALIBRATION = ("v2.0 NVIDIA 1xDGX A100", "v2.1 NVIDIA 1xDGX A100")
 """The published runs the model's A100 prediction is checked against (tests/unit/
-test_bench_scale.py): NVIDIA's closed 1xDGX A100 runs, fp16 (the A100's fp16 and bf16 tensor
+test_model_scale.py): NVIDIA's closed 1xDGX A100 runs, fp16 (the A100's fp16 and bf16 tensor
 peaks are the same), 56 unpadded sequences a GPU, fused bias/GeLU/dropout/LayerNorm kernels and
 fused attention (FMHA), no CUDA graphs (config_DGXA100_1x8x56x1.sh of their pytorch and
 pytorch-22.09 folders): 300 and 304 sequences/s a GPU, evals included."""
@@ -695,7 +695,7 @@ def published_per_gpu_rate(run: Run) -> float:
 def calibration() -> list[Prediction]:
     """The model's predictions of the CALIBRATION runs: the trainer's varlen bf16 step with the
     Triton kernels and FlatLamb at their 56 sequences a GPU on the A100 (`modelled`), their 8
-    GPUs' all-reduce, LAMB and evals, with bench scale's defaults."""
+    GPUs' all-reduce, LAMB and evals, with model scale's defaults."""
     net = Network(8, NVLINK_GBPS * 1e9, NIC_GBIT * 1e9 / 8, NICS_PER_NODE, ALPHA_NVLINK_US * 1e-6,
                   ALPHA_NET_US * 1e-6)
     runs = [published_run(p) for p in load_published() if p.label in CALIBRATION]
@@ -709,9 +709,9 @@ def describe_calibration(predictions: list[Prediction]) -> str:
         return (f"{p.run.published.label}: predicted {ours:.0f} seq/s a GPU, published "
                 f"{theirs:.0f} ({ours / theirs:.2f}x)")
 
-    return ("A100 (NVIDIA's MLPerf 1xDGX A100 runs, fp16, 56 unpadded sequences a GPU; bench "
+    return ("A100 (NVIDIA's MLPerf 1xDGX A100 runs, fp16, 56 unpadded sequences a GPU; model "
             "scale's model, evals included): " + "; ".join(one(p) for p in predictions)
-            + f" (tests/unit/test_bench_scale.py holds it within {TOLERANCE:.0%})")
+            + f" (tests/unit/test_model_scale.py holds it within {TOLERANCE:.0%})")
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -764,7 +764,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("--cluster commodity")
     c.add_argument("--gpu", default=",".join(COMMODITY_GPUS),
                    help="GPUs, comma-separated; only those with a published BERT-large rate in "
-                        "bench/anchors.csv predict (default: all)")
+                        "perfmodel/anchors.csv predict (default: all)")
     c.add_argument("--nodes", default="4", help="node counts, comma-separated (default 4)")
     c.add_argument("--gpus-per-node", default="8", help="GPUs a node, comma-separated (default 8)")
     c.add_argument("--ethernet-gbit", default=ETHERNET_GBIT,
@@ -851,7 +851,7 @@ def runs(args: argparse.Namespace) -> list[Run]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertperf.bench import roofline
+    from bertperf.perfmodel import roofline
 
     if args.cluster not in CLUSTERS:
         raise UserError(f"--cluster {args.cluster!r}: expected one of {', '.join(CLUSTERS)}")
@@ -890,10 +890,10 @@ def run(args: argparse.Namespace) -> int:
           f"{net.nics_per_node} x {net.nic * 8 / 1e9:g} Gb/s InfiniBand a node = "
           f"{net.nic_per_gpu / 1e9:g} GB/s a GPU (alpha {net.alpha_net * 1e6:g} us)")
     gpu = next(g for g in roofline.GPUS if g.name == GPU)
-    print(f"compute: one {GPU}, bench/roofline.py's price of the trainer's bf16 step (Triton "
+    print(f"compute: one {GPU}, perfmodel/roofline.py's price of the trainer's bf16 step (Triton "
           f"kernels, FlatLamb; GEMMs at {gpu.matmul_efficiency:.0%} of the tensor peak, attention "
           f"at {gpu.attention_forward_efficiency:.0%}, memory at {gpu.memory_efficiency:.0%} of "
-          "the bandwidth, calibrated on published kernel measurements: bench/anchors.csv), or "
+          "the bandwidth, calibrated on published kernel measurements: perfmodel/anchors.csv), or "
           "measured (--step-ms)")
     print("| config | GPUs | global batch | samples to converge | steps | compute ms | "
           "optimizer ms | all-reduce ms exposed (NVLink + IB) / total | step ms | evals | "
@@ -960,9 +960,9 @@ def _days(seconds: float) -> str:
 
 
 def commodity(args: argparse.Namespace) -> int:
-    """`bench scale --cluster commodity`: every GRAD_COMM mode on nodes of PCIe GPUs joined by one
+    """`model scale --cluster commodity`: every GRAD_COMM mode on nodes of PCIe GPUs joined by one
     Ethernet NIC a node, at a config's global batch."""
-    from bertperf.bench import roofline
+    from bertperf.perfmodel import roofline
 
     wanted = _list("gpu", args.gpu, str)
     unknown = [g for g in wanted if g not in COMMODITY_GPUS]
@@ -1027,9 +1027,9 @@ def commodity(args: argparse.Namespace) -> int:
     a100 = anchors[SPEED_ANCHOR, roofline.A100]
     for gpu, k in calibrated:
         mine = anchors[SPEED_ANCHOR, gpu.name]
-        print(f"compute on a {gpu.name}: the A100's (the trainer's traced varlen step, bench/"
+        print(f"compute on a {gpu.name}: the A100's (the trainer's traced varlen step, perfmodel/"
               f"roofline.py) x {k:.2f}, calibrated: {a100.value:g} / {mine.value:g} seq/s, "
-              f"{mine.what} ({mine.source}; bench/anchors.csv) (the datasheets' tensor peaks "
+              f"{mine.what} ({mine.source}; perfmodel/anchors.csv) (the datasheets' tensor peaks "
               f"alone: x {roofline.PEAKS[roofline.A100][0] / gpu.tensor_flops:.2f})")
     for line in refused:
         print(line)

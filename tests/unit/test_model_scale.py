@@ -1,4 +1,4 @@
-"""bench scale's performance model: the all-reduce formulas on known inputs, hierarchical against
+"""model scale's performance model: the all-reduce formulas on known inputs, hierarchical against
 flat, the gradient messages against the model's parameters, the dominant term moving from the
 compute to the network as the GPUs grow at a fixed local batch, time to train from its steps and
 evals, a config file's run, and the command (its table, its one-line errors); on commodity
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.bench import scale
+from bertperf.perfmodel import scale
 from bertperf.errors import UserError
 from tests.support.paths import ROOT
 
@@ -157,7 +157,7 @@ def test_cli_prints_the_table(given_compute, capsys):
     --optimizer-ms everywhere, a step the sum of its terms, its dominant term one of them, the
     published time with its logs and the ratio of the two; then the all-reduce by topology and
     algorithm at every GPU count of the rows."""
-    assert main(["bench", "scale", "--step-ms", "56=150", "--optimizer-ms", "12"]) == 0
+    assert main(["model", "scale", "--step-ms", "56=150", "--optimizer-ms", "12"]) == 0
     out = capsys.readouterr().out
     runs, allreduce = tables(out)
     # the calibration check's runs, predicted a GPU against their published rate, in one line
@@ -201,7 +201,7 @@ def test_cli_prints_the_table(given_compute, capsys):
     ["--cluster", "commodity", "--samples-factor", "powersgd"],
 ])
 def test_cli_rejects_bad_flags_with_one_line(given_compute, capsys, flags):
-    assert main(["bench", "scale", *flags]) == 1
+    assert main(["model", "scale", *flags]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("bertperf: error: ")
     assert flags[-2] in err or flags[-1] in err
@@ -212,7 +212,7 @@ def test_without_configs_here_it_says_where_it_looked(given_compute, tmp_path, m
     """The default is the config files of the current folder (the checkout's root, where users
     run it), not of the package's location; with none there, one line naming the folder."""
     monkeypatch.chdir(tmp_path)
-    assert main(["bench", "scale"]) == 1
+    assert main(["model", "scale"]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
     assert str(tmp_path) in err and "--configs" in err
@@ -257,7 +257,7 @@ def test_a_malformed_published_table_is_one_line(given_compute, tmp_path, capsys
     assert str(exc.value).startswith(f"{table}: {where}")
     load = scale.load_published
     monkeypatch.setattr(scale, "load_published", lambda: load(table))
-    assert main(["bench", "scale"]) == 1
+    assert main(["model", "scale"]) == 1
     err = capsys.readouterr().err
     assert err.splitlines() == [f"bertperf: error: {exc.value}"]
 
@@ -277,7 +277,7 @@ def test_the_modelled_compute_comes_from_the_traced_step():
 def test_the_calibrated_model_predicts_nvidias_mlperf_a100_rate():
     """The calibration check: the model's prediction for NVIDIA's MLPerf 1xDGX A100 runs (v2.0
     and v2.1, fp16, 56 unpadded sequences a GPU, 8 GPUs; the trainer's traced step priced at the
-    calibrated efficiencies of bench/anchors.csv, with the all-reduce, LAMB and the evals) lands
+    calibrated efficiencies of perfmodel/anchors.csv, with the all-reduce, LAMB and the evals) lands
     within 15 % of their published rate, about 300 sequences/s a GPU. It fails when the
     calibration (or what the trainer's step launches) drifts; a few seconds of tracing."""
     scale.modelled.cache_clear()
@@ -381,7 +381,7 @@ def test_an_uncalibrated_gpu_is_not_predicted(given_compute, capsys):
     with pytest.raises(UserError, match="RTX 3090: not predicted"):
         scale.slowdown(scale.COMMODITY_GPUS["RTX3090"])
     assert scale.slowdown(V100) == pytest.approx(210 / 75)
-    assert main(["bench", "scale", "--cluster", "commodity", "--gpu", "RTX3090,A5000"]) == 1
+    assert main(["model", "scale", "--cluster", "commodity", "--gpu", "RTX3090,A5000"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("bertperf: error: RTX 3090: not predicted") and "RTX A5000" in err
     assert len(err.strip().splitlines()) == 1
@@ -389,11 +389,11 @@ def test_an_uncalibrated_gpu_is_not_predicted(given_compute, capsys):
 
 def test_cli_prints_the_commodity_table(given_compute, capsys):
     modes = ["allreduce", "bf16", "powersgd", "localsgd"]
-    assert main(["bench", "scale", "--cluster", "commodity", "--grad-comm", ",".join(modes)]) == 0
+    assert main(["model", "scale", "--cluster", "commodity", "--grad-comm", ",".join(modes)]) == 0
     out = capsys.readouterr().out
     assert "model predictions, not measurements" in out
     assert [line for line in out.splitlines() if "not predicted" in line] == [
-        f"{name}: not predicted: no published BERT-large throughput of it in bench/anchors.csv "
+        f"{name}: not predicted: no published BERT-large throughput of it in perfmodel/anchors.csv "
         f"({scale.SPEED_ANCHOR}) to calibrate its compute on" for name in ("RTX 3090", "RTX A5000")]
     assert "arXiv 2008.00177" in out and "names no hardware" in out
     (rows,) = tables(out)
