@@ -295,12 +295,16 @@ def gloo_group(tmp_path):
     tdist.destroy_process_group()
 
 
-@pytest.mark.parametrize("reduction", ["allreduce", "reduce_scatter"])
+@pytest.mark.parametrize("reduction, embeddings", [("allreduce", "frozen"),
+                                                    ("reduce_scatter", "frozen"),
+                                                    ("allreduce", "trained")])
 def test_frozen_layers_are_in_no_ddp_bucket_nor_sharded_state(tmp_path, monkeypatch, data,
-                                                              gloo_group, reduction):
+                                                              gloo_group, reduction, embeddings):
     """Through DDP (forced on one gloo rank) every bucket the reducer all-reduces holds only the
-    stage's trained parameters, and DDP's reducer holds only theirs; with SHARDED_LAMB=1
-    (reduce-scatter, no DDP) the sharded flat buffer holds only theirs too."""
+    stage's trained parameters, and DDP's reducer holds only theirs (with
+    LAYERWISE_EMBEDDINGS=trained too: the word embeddings get their gradient, from the head,
+    every step); with SHARDED_LAMB=1 (reduce-scatter, no DDP) the sharded flat buffer holds only
+    theirs too."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from bertperf.train import layerwise, loop, parallel
@@ -341,8 +345,52 @@ def test_frozen_layers_are_in_no_ddp_bucket_nor_sharded_state(tmp_path, monkeypa
         monkeypatch.setattr(module, "parallelize", parallelize)
     extra = {"SHARDED_LAMB": "1"} if reduction == "reduce_scatter" else {}
     losses = run(monkeypatch, base_env(data, tmp_path / "out", LAYERWISE_TRAIN="new",
-                                       LAYERWISE_OPTIMIZER="copy", **extra), inspect)
+                                       LAYERWISE_OPTIMIZER="copy",
+                                       LAYERWISE_EMBEDDINGS=embeddings, **extra), inspect)
     assert len(losses) == N and len(set(checked)) == 3  # three stages, three trained sets
+
+
+def test_trained_embeddings_learn_from_the_head_alone(tmp_path, monkeypatch, data):
+    """LAYERWISE_EMBEDDINGS=trained: in the frozen stages the word embeddings (the MLM decoder's
+    tied matrix) train and change every step; the position and segment embeddings, their
+    LayerNorm and the frozen layers neither train nor change, and no autograd graph reaches the
+    frozen layers."""
+    frozen_names = tuple(f"bert.embeddings.{n}." for n in ("position_embeddings",
+                                                         "token_type_embeddings", "LayerNorm"))
+    seen, last = [], {}
+
+    def inspect(trainer):
+        core, encoder = trainer.plan.core, trainer.plan.core.bert.encoder
+        params = dict(core.named_parameters())
+        trained = {n for n, p in params.items() if p.requires_grad}
+        now = {n: p.detach().clone() for n, p in params.items()}
+        if encoder.frozen and last:
+            below = [n for n in now if n.startswith(frozen_names) or any(
+                n.startswith(f"bert.encoder.layer.{i}.") for i in range(encoder.frozen))]
+            assert below and not trained & set(below)
+            assert all(torch.equal(now[n], last[n]) for n in below)
+            word = "bert.embeddings.word_embeddings.weight"
+            assert word in trained and not torch.equal(now[word], last[word])
+        seen.append(encoder.frozen)
+        last.clear()
+        last.update(now)
+
+    run(monkeypatch, base_env(data, tmp_path / "out", LAYERWISE_TRAIN="new",
+                              LAYERWISE_EMBEDDINGS="trained"), inspect)
+    assert seen == [0] * 5 + [2] * 3 + [3] * 8
+
+
+def test_layers_frozen_before_the_warmup_ends_draw_a_warning(tmp_path, data):
+    """A stage that freezes the layers below it before the LR warm-up ends is legal but warned
+    about, naming the stage, its step and the warm-up's end; after it, or stacking, is not."""
+    from bertperf.config import load
+    from bertperf.train.checks import prepare, run_warnings
+    env = base_env(data, tmp_path, LAYERWISE_TRAIN="new", WARMUP_PROPORTION="0",
+                   WARMUP_STEPS="6")  # the first boundary at step 5 (40 samples of 8)
+    (line,) = [w for w in run_warnings(prepare(load(env))) if w.startswith("LAYERWISE=")]
+    assert "stage 2" in line and "step 5" in line and "step 6" in line
+    for later in ({**env, "WARMUP_STEPS": "4"}, {**env, "LAYERWISE_TRAIN": "all"}):
+        assert not any(w.startswith("LAYERWISE=") for w in run_warnings(prepare(load(later))))
 
 
 def test_bench_schedules_are_valid_layerwise_settings():

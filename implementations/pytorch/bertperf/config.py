@@ -333,6 +333,7 @@ LAYERWISE_TRAIN = ("all", "new")
 LAYERWISE_INIT = ("copy", "fresh")
 LAYERWISE_OPTIMIZER = ("reset", "copy")
 LAYERWISE_SCHEDULE = ("continue", "restart")
+LAYERWISE_EMBEDDINGS = ("frozen", "trained")
 
 
 @dataclass(frozen=True)
@@ -347,14 +348,14 @@ class LayerwiseConfig:
         model, BERT_CONFIG's num_hidden_layers); layer counts grow from stage to stage. A stage
         may end in :all or :new to override LAYERWISE_TRAIN for itself, e.g.
         "3:50000,6:70000,12" (progressive stacking 3 -> 6 -> 12) or
-        "4:20000,8:20000,12:40000,12:all" (MSLT, then the whole model). A stage begins at the first step after the
-        samples of the earlier ones are trained; the last must begin within MAX_STEPS. Needs
-        SUBMISSION_DIVISION=open.""")
+        "4:20000,8:20000,12:40000,12:all" (MSLT, then the whole model). A stage begins at the
+        first step after the samples of the earlier ones are trained; the last must begin within
+        MAX_STEPS. Needs SUBMISSION_DIVISION=open.""")
     layerwise_train: str = setting("LAYERWISE_TRAIN", str, "all", curve=True,
                                    choices=LAYERWISE_TRAIN, doc="""
         Which parameters a stage after the first trains: "all" (progressive stacking) or "new"
-        (MSLT: only the layers the stage adds, the pooler and the heads; the embeddings, with
-        the MLM decoder's tied matrix, and the layers below are frozen: requires_grad off, run
+        (MSLT: only the layers the stage adds, the pooler and the heads, and the word embeddings
+        as LAYERWISE_EMBEDDINGS says; the layers below are frozen: requires_grad off, run
         forward under no_grad, in no optimizer or gradient reduction). The first stage trains
         everything.""")
     layerwise_init: str = setting("LAYERWISE_INIT", str, "copy", curve=True,
@@ -373,6 +374,14 @@ class LayerwiseConfig:
         The LR schedule at a stage boundary: "continue" (the one schedule over MAX_STEPS goes on)
         or "restart" (warm-up again from the boundary, then the decay over the steps left to
         MAX_STEPS).""")
+    layerwise_embeddings: str = setting("LAYERWISE_EMBEDDINGS", str, "frozen", curve=True,
+                                        choices=LAYERWISE_EMBEDDINGS, doc="""
+        The embeddings in a stage that trains only new layers (LAYERWISE_TRAIN=new): "frozen"
+        (with the layers below: the word embeddings, and so the MLM decoder's tied output
+        projection, do not train either) or "trained" (the word embeddings, and with them the
+        tied output projection, train from the MLM head's gradient alone: no backward runs
+        through the frozen layers; the position and segment embeddings and their LayerNorm stay
+        frozen).""")
 
 
 def layerwise_stages(text: str) -> list[tuple[int, int | None, str | None]]:

@@ -13,6 +13,8 @@ every run:
             training only the new top third (the rest frozen: forward only), then the remaining
             samples with the whole model training (LAYERWISE_TRAIN=new, copies, LAMB reset)
   mslt_fresh  mslt with the new layers freshly initialised (LAYERWISE_INIT=fresh); --runs only
+  mslt_embed  mslt with the word embeddings (the MLM head's tied output projection) training in
+            the frozen stages (LAYERWISE_EMBEDDINGS=trained); --runs only
 
 Clocks (--clock): wall time, or the process's CPU time (`cpu`: what the run's own threads
 spent, the loader's prefetch thread included; steadier than wall time on a machine other work
@@ -75,8 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clock", choices=CLOCKS, default="wall",
                    help="training time as wall time (default) or the process's CPU time")
     p.add_argument("--runs", default="normal,normal2,stacking,mslt",
-                   help="which runs, comma-separated: normal, normal2, stacking, mslt, mslt_fresh "
-                        "(default the first four)")
+                   help="which runs, comma-separated: normal, normal2, stacking, mslt, mslt_fresh, "
+                        "mslt_embed (default the first four)")
     p.add_argument("--out", default=None, help="folder for the runs' MLPerf logs (default: a "
                                                "temporary one)")
 
@@ -93,6 +95,7 @@ def schedules(layers: int, stage: int) -> dict[str, dict[str, str]]:
                      "LAYERWISE_INIT": "copy", "LAYERWISE_OPTIMIZER": "reset"},
         "mslt": mslt,
         "mslt_fresh": {**mslt, "LAYERWISE_INIT": "fresh"},
+        "mslt_embed": {**mslt, "LAYERWISE_EMBEDDINGS": "trained"},
     }
 
 
@@ -255,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     for name, r in results.items():
         print(f"  {name}: " + ", ".join(f"{s}: {a:.4f} @ {t:.0f}" for s, a, t in r.evals))
     spread = [results[n].evals[-1][1] for n in ("normal", "normal2") if n in results]
-    for name in ("stacking", "mslt", "mslt_fresh"):
+    for name in ("stacking", "mslt", "mslt_fresh", "mslt_embed"):
         if name in results and base_target:
             got = to_target(results[name], args.target)
             ratio = got[1] / base_target[1] if got else float("inf")

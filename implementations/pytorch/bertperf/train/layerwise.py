@@ -10,7 +10,8 @@ layers below run forward only). The one owner of the stages and of what happens 
   (not in its parameters, state dict, optimizer or DDP) until their stage.
 - `Stages.before_step`, the loop's one call per step: at the first step after a stage's samples
   are trained, the next stage begins: its layers appended on top (LAYERWISE_INIT), the frozen
-  parameters set requires_grad=False and their layers run under no_grad (LAYERWISE_TRAIN=new),
+  parameters set requires_grad=False and their layers run under no_grad (LAYERWISE_TRAIN=new;
+  the embeddings with them or, LAYERWISE_EMBEDDINGS=trained, all but the word embeddings),
   the plan rebuilt by `parallelize` over the trained parameters (a new LAMB, flat or sharded,
   DDP, compile), LAMB's moments per LAYERWISE_OPTIMIZER, the LR schedule per LAYERWISE_SCHEDULE,
   the `layerwise_stage` MLPerf event logged; it returns the new plan and schedule (a StagePlan)
@@ -34,6 +35,7 @@ from bertperf.mlperf.log import MLPerfLogger
 from bertperf.model import BertForPreTraining
 from bertperf.optim import DynamicLossScaler, LinearWarmupPolyDecay, resolve_warmup
 from bertperf.train.checkpoint import Progress
+from bertperf.train.comm import warmup_end
 from bertperf.train.dist import Dist
 from bertperf.train.parallel import Plan, parallelize
 
@@ -63,6 +65,40 @@ def stages_of(cfg: RunConfig, full_depth: int) -> list[Stage]:
         end = math.inf if samples is None else end + samples
         out.append(Stage(layers, end, "all" if i == 0 else mode or lw.layerwise_train))
     return out
+
+
+def warnings(cfg: RunConfig, batch: int) -> list[str]:
+    """What a valid LAYERWISE schedule does badly (train.checks.run_warnings; `batch`: the global
+    batch): the first stage that freezes the layers below it (trains only new ones) when it
+    begins before the LR warm-up ends: those layers froze having trained only below the peak
+    LR (at the start of training, often before they learnt anything)."""
+    if cfg.layerwise.layerwise is None:
+        return []
+    end, before = warmup_end(cfg), 0
+    stages = layerwise_stages(cfg.layerwise.layerwise)
+    for i, (_, samples, mode) in enumerate(stages):
+        begins = -(-before // batch)  # the stage begins at the first step after `before` samples
+        if i and (mode or cfg.layerwise.layerwise_train) == "new" and begins <= end:
+            return [f"LAYERWISE={cfg.layerwise.layerwise!r}: stage {i + 1} freezes the "
+                    f"{stages[i - 1][0]} layers below it at step {begins}, before the LR warm-up "
+                    f"ends at step {end}: they froze having trained only below the peak LR "
+                    "(longer stages, or a shorter warm-up)"]
+        before += samples or 0
+    return []
+
+
+def frozen_parameters(core: BertForPreTraining, frozen: int, embeddings: str
+                      ) -> list[nn.Parameter]:
+    """What a stage that runs its bottom `frozen` layers forward only does not train: those
+    layers and the embeddings (LAYERWISE_EMBEDDINGS=frozen), or those layers and every embedding
+    parameter but the word embeddings, which the MLM head's tied output projection trains
+    (trained); nothing when `frozen` is 0."""
+    if not frozen:
+        return []
+    emb = core.bert.embeddings
+    kept = [emb.word_embeddings.weight] if embeddings == "trained" else []
+    return [*(p for p in emb.parameters() if all(p is not k for k in kept)),
+            *(p for layer in core.bert.encoder.layer[:frozen] for p in layer.parameters())]
 
 
 def copy_sources(old: int, new: int) -> dict[int, int]:
@@ -171,8 +207,8 @@ class Stages:
                                         encoder.layer[sources[j]].parameters()):
                         dst.copy_(src)
         frozen = self.frozen_layers(index)
-        still = [core.bert.embeddings, *encoder.layer[:frozen]] if frozen else []
-        frozen_params = {id(p) for m in still for p in m.parameters()}
+        frozen_params = {id(p) for p in frozen_parameters(core, frozen,
+                                                          lw.layerwise_embeddings)}
         for p in core.parameters():
             p.grad = None
             p.requires_grad_(id(p) not in frozen_params)
