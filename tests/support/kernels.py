@@ -5,8 +5,23 @@ kernels (test_kernels.py) and attention (test_attention.py)."""
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 F64 = dict(dtype=torch.float64)
+
+
+class CustomOps(TorchDispatchMode):
+    """Records the bertperf custom ops dispatched (`names`: "bertperf::op", backward ops with
+    their "_backward" suffix): which implementation ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "bertperf":
+            self.names.add(func._schema.name)
+        return func(*args, **(kwargs or {}))
 
 
 def leaves(*shapes: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:

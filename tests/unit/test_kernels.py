@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertperf.kernels import (Kernels, LambLayout, bias_gelu, bias_gelu_layer_norm,
                               bias_gelu_layer_norm_reference, bias_gelu_reference,
@@ -23,7 +22,7 @@ from bertperf.kernels import (Kernels, LambLayout, bias_gelu, bias_gelu_layer_no
 from bertperf.model import BertConfig, BertForPreTraining
 from bertperf.model.layers import BertEmbeddings
 from bertperf.optim import Lamb
-from tests.support.kernels import F64, assert_same_fwd_bwd, leaves
+from tests.support.kernels import F64, CustomOps, assert_same_fwd_bwd, leaves
 from tests.support.lamb import flat_setup
 from tests.support.models import TINY, packed_batch, samples, tiny_bert
 
@@ -258,19 +257,6 @@ def test_lamb_reference_is_the_cpu_path():
 
 # ---- which implementation runs -------------------------------------------------------------------
 
-class BertperfOps(TorchDispatchMode):
-    """Records the bertperf custom ops (the Triton kernels) dispatched."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "bertperf":
-            self.names.add(func._schema.name.removesuffix("_backward"))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("cuda_first", [True, False])
 def test_two_models_take_their_own_kernels_in_either_order(cuda_first):
     """Two models in one process, one set to Kernels that assume CUDA (traced on fake tensors:
@@ -286,9 +272,9 @@ def test_two_models_take_their_own_kernels_in_either_order(cuda_first):
                   for k, v in batch.items()}
         ran = {}
         for model in (cuda, plain) if cuda_first else (plain, cuda):
-            with BertperfOps() as ops:
+            with CustomOps() as ops:
                 model(**inputs).loss.backward()
-            ran[model] = ops.names
+            ran[model] = {name.removesuffix("_backward") for name in ops.names}
     assert ran[cuda] == {f"bertperf::{op}" for op in ("embedding_layer_norm", "layer_norm",
                                                       "bias_gelu", "cross_entropy_sum")}
     assert ran[plain] == set()

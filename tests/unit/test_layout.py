@@ -94,14 +94,21 @@ def test_only_the_performance_model_imports_itself():
                for module, target, _ in imports())  # the scan sees perfmodel's own imports
 
 
+def fake_package(tmp_path, monkeypatch, files: dict[str, str]) -> None:
+    """A package `bertperf` of `files` ({path in it: text}) in tmp_path, scanned instead of the
+    real one (the checkers' own tests)."""
+    fake = tmp_path / "bertperf"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+
+
 def test_a_lazy_import_of_the_model_is_caught(tmp_path, monkeypatch):
     """The checker itself: a benchmark importing the model inside a function is reported."""
-    fake = tmp_path / "bertperf"
-    (fake / "bench").mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "bench" / "__init__.py").write_text("")
-    (fake / "bench" / "x.py").write_text("def f():\n    from bertperf.perfmodel import scale\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    fake_package(tmp_path, monkeypatch, {
+        "bench/__init__.py": "",
+        "bench/x.py": "def f():\n    from bertperf.perfmodel import scale\n"})
     with pytest.raises(AssertionError, match="bertperf.bench.x:2 imports bertperf.perfmodel"):
         test_only_the_performance_model_imports_itself()
 
@@ -120,12 +127,9 @@ def test_the_model_command_lists_its_commands():
 
 def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
     """The checker itself: a formats module importing train must be reported."""
-    fake = tmp_path / "bertperf"
-    (fake / "formats").mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "formats" / "__init__.py").write_text("")
-    (fake / "formats" / "x.py").write_text("def f():\n    from bertperf.train import loop\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    fake_package(tmp_path, monkeypatch, {
+        "formats/__init__.py": "",
+        "formats/x.py": "def f():\n    from bertperf.train import loop\n"})
     assert imports() == [("bertperf.formats.x", "bertperf.train", 2)]
     with pytest.raises(AssertionError, match="bertperf.formats.x:2 imports bertperf.train"):
         test_rooms_import_only_lower_floors()
@@ -179,13 +183,10 @@ def test_no_import_cycles():
 def test_the_cycle_check_catches_a_cycle(tmp_path, monkeypatch):
     """The checker itself: a function-level import back to a module that imports it (a
     package importing its own modules is no cycle)."""
-    fake = tmp_path / "bertperf"
-    (fake / "kernels").mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "kernels" / "__init__.py").write_text("from bertperf.kernels import a\n")
-    (fake / "kernels" / "a.py").write_text("import bertperf.kernels.b\n")
-    (fake / "kernels" / "b.py").write_text("def f():\n    from bertperf.kernels import a\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    fake_package(tmp_path, monkeypatch, {
+        "kernels/__init__.py": "from bertperf.kernels import a\n",
+        "kernels/a.py": "import bertperf.kernels.b\n",
+        "kernels/b.py": "def f():\n    from bertperf.kernels import a\n"})
     assert import_cycles() == [([("bertperf.kernels.a", "bertperf.kernels.b", 1),
                                  ("bertperf.kernels.b", "bertperf.kernels.a", 2)],
                                 ["bertperf.kernels.a", "bertperf.kernels.b"])]

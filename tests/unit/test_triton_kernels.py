@@ -22,7 +22,6 @@ pytest.importorskip("triton")  # interpreted: tests/conftest.py sets TRITON_INTE
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from bertperf.kernels import (LambLayout, aot, bias_gelu,  # noqa: E402
@@ -42,6 +41,7 @@ from bertperf.kernels.triton import (bias_gelu as tk_bias_gelu,  # noqa: E402
                                      common, lamb as tk_lamb, layer_norm as tk_layer_norm)
 from bertperf.model import BertConfig, BertForPreTraining  # noqa: E402
 from bertperf.optim import Lamb  # noqa: E402
+from tests.support.kernels import CustomOps  # noqa: E402
 from tests.support.lamb import flat_setup  # noqa: E402
 from tests.support.models import packed_batch, samples, tiny_bert  # noqa: E402
 
@@ -338,19 +338,6 @@ def test_model_on_the_triton_path_equals_the_plain_path(triton_path):
         "embedding_layer_norm", "layer_norm", "bias_gelu", "cross_entropy_sum")}
     for name, a, b in zip(["loss", *(n for n, _ in model.named_parameters())], fused, plain):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-
-
-class CustomOps(TorchDispatchMode):
-    """Records the bertperf custom ops dispatched (`names`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "bertperf":
-            self.names.add(func._schema.name)
-        return func(*args, **(kwargs or {}))
 
 
 # ---- ahead-of-time compilation -----------------------------------------------------------------
