@@ -43,11 +43,21 @@ def run(env: dict, monkeypatch, warm: bool) -> tuple[list[float], dict, list[str
     return losses, seen, keys
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+STAGED = {"LAYERWISE": "1:16,2:16:new,2:all", "LAYERWISE_EMBEDDINGS": "trained",
+          "LAYERWISE_INIT": "fresh"}
+"""Three stages in six steps: one layer, two with the first frozen (the second as drawn: the
+warm-up must put it back), two training."""
+
+
+@pytest.mark.parametrize("backend,staged", [("eager", False), ("aot_eager", False),
+                                            ("aot_eager", True)])
 def test_a_compiled_run_compiles_before_run_start_and_trains_the_same(packed_env, tmp_path,
-                                                                      monkeypatch, backend):
+                                                                      monkeypatch, backend,
+                                                                      staged):
+    """Every stage of a LAYERWISE run compiles in the warm-up, too (layerwise.Stages.rehearse)."""
     env = {**packed_env, "COMPILE": backend, "MAX_STEPS": "6", "LOG_FREQ": "1",
-           "EVAL_ITER_START_SAMPLES": "40", "EVAL_ITER_SAMPLES": "40"}
+           "EVAL_ITER_START_SAMPLES": "40", "EVAL_ITER_SAMPLES": "40",
+           **(STAGED if staged else {})}
     cold, cold_counts, _ = run({**env, "MLLOG_FILE": str(tmp_path / "cold.txt")}, monkeypatch,
                                warm=False)
     warm, warm_counts, keys = run({**env, "MLLOG_FILE": str(tmp_path / "warm.txt")},
@@ -58,6 +68,9 @@ def test_a_compiled_run_compiles_before_run_start_and_trains_the_same(packed_env
     assert cold_counts["end"]["unique_graphs"] >= 1
     assert warm_counts["run_start"]["unique_graphs"] >= 1
     assert warm_counts["end"] == warm_counts["run_start"]
+    if staged:  # the run went through every stage, each compiled in the warm-up
+        assert keys.count("layerwise_stage") == 3
+        assert warm_counts["run_start"]["unique_graphs"] >= 3
     assert keys.index("init_stop") < keys.index("run_start")
     assert "eval_accuracy" in keys[keys.index("run_start"):]
     assert not any(k in ("eval_accuracy", "block_start") for k in keys[:keys.index("run_start")])

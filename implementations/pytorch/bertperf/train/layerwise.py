@@ -19,6 +19,8 @@ layers below run forward only). The one owner of the stages and of what happens 
 - `StagePart`, a checkpoint part loaded before the model: the stage and the step it began at; a
   resumed run re-enters that stage (the model grown, the plan rebuilt, the trainer handed them)
   before the model, optimizer and schedule are loaded into it.
+- `Stages.rehearse`: the compile warm-up enters every stage in turn before the run starts, and
+  goes back to the first (`enter` also shrinks the encoder).
 """
 
 from __future__ import annotations
@@ -200,6 +202,8 @@ class Stages:
         saved = plan.optimizer.state_dict() if carry else None  # sharded: collective
         sources = copy_sources(old_depth, stage.layers) if lw.layerwise_init == "copy" else {}
         with torch.no_grad():
+            for j in reversed(range(stage.layers, old_depth)):  # an earlier stage (warm-up's)
+                del encoder.layer._modules[str(j)]  # (ModuleList's del: a compile guard fails)
             for j in range(old_depth, stage.layers):
                 encoder.layer.append(self.spare[j])
                 if boundary and j in sources:
@@ -224,6 +228,23 @@ class Stages:
             self.began_at_step = at_step
         self.index = index
         return StagePlan(new, self._schedule(new.optimizer, scheduler))
+
+    def rehearse(self, resume: Callable[[int], None], steps: Callable[[], None]) -> None:
+        """The compile warm-up's tour (train.loop.warm_up): `steps()` in the current stage and
+        in each later one, entered with `resume` as a checkpoint's stage is (no weights copied),
+        so that every stage's plan compiles before the run starts; the layers that wait outside
+        the model are put back as they were (the caller restores the rest, the stage among
+        them, from Trainer.parts())."""
+        steps()
+        if not self.staged:
+            return
+        first, waiting = self.index, self.spare[self.stage.layers:]
+        kept = [{k: v.clone() for k, v in layer.state_dict().items()} for layer in waiting]
+        for index in range(first + 1, len(self.stages)):
+            resume(index)
+            steps()
+        for layer, state in zip(waiting, kept):
+            layer.load_state_dict(state)
 
     def _schedule(self, optimizer: torch.optim.Optimizer,
                   old: LinearWarmupPolyDecay) -> LinearWarmupPolyDecay:

@@ -83,8 +83,11 @@ class Trainer(Step):
     """Saves and resumes `parts()`."""
 
     def __post_init__(self) -> None:
+        dataset = self.loader.dataset
+        record = checkpoint.run_record(self.cfg, dataset.num_samples, dataset.packed,
+                                       self.loader.max_seq_length)
         self.checkpointer = checkpoint.Checkpointer(self.parts, self.cfg.checkpoint, self.dist,
-                                                    self.device)
+                                                    self.device, record)
 
     def parts(self) -> dict[str, checkpoint.Part]:
         """The run's checkpoint parts as they are now, in their load order: the model (its
@@ -358,7 +361,8 @@ call and replay it from the third."""
 def warm_up(trainer: Trainer) -> None:
     """Compile before run_start what the run compiles (torch.compile of the micro-step, its CUDA
     graphs, the Triton kernels' first launches, the eval's dropout-free variants): WARMUP_STEPS
-    steps and one eval batch on made-up data of the run's shapes, then every checkpoint part
+    steps and one eval batch on made-up data of the run's shapes, in every LAYERWISE stage
+    from the run's on (layerwise.Stages.rehearse), then every checkpoint part
     (Trainer.parts: the model, optimizer, schedule, loss scale, ...) and every rank's random
     generators put back as they were, so the run that follows computes what it would have
     without it. Only where something compiles (COMPILE, USE_CUDA_GRAPH, CUDA)."""
@@ -371,12 +375,15 @@ def warm_up(trainer: Trainer) -> None:
     layout, vocab = layout_of(cfg), plan.core.config.vocab_size
     micro = to_device(layout.synthetic_arrays(trainer.loader, vocab, cfg.train.seed),
                       layout.batch_type, trainer.device)
-    for _ in range(WARMUP_STEPS):
-        train_step(trainer, [micro] * cfg.train.gradient_steps)
     samples = synthetic_samples(cfg.train.eval_batch_size, cfg.train.seed,
                                 trainer.loader.max_seq_length, trainer.loader.max_pred, vocab)
-    mlm_accuracy(plan.core, samples, cfg.train.eval_batch_size, trainer.dist, trainer.device,
-                 trainer.autocast)
+
+    def steps() -> None:
+        for _ in range(WARMUP_STEPS):
+            train_step(trainer, [micro] * cfg.train.gradient_steps)
+        mlm_accuracy(plan.core, samples, cfg.train.eval_batch_size, trainer.dist,
+                     trainer.device, trainer.autocast)
+    trainer.stages.rehearse(trainer.resume_stage, steps)  # every LAYERWISE stage's plan
     trainer.checkpointer.restore(saved)
     generators.load_state_dict(random_state)
     plan.traffic.reset()
@@ -559,6 +566,8 @@ def main(cfg: RunConfig, events: LoopEvents | None = None) -> int:
             trainer.plan.log_traffic(log, report)
             log.end(C.RUN_STOP, metadata={C.STATUS: stop.status})
             stopped = True
+            if stop.status == C.SUCCESS:  # the trained model, after the timed part
+                trainer.checkpointer.maybe_save(trainer.progress.step, last=True)
             report(f"run_stop: {stop.status} after {stop.samples} samples")
             if cfg.train.plot and trainer.dist.rank == 0:
                 png = plot_log(cfg.log_path, Path(f"{cfg.log_path}.png"),
