@@ -92,14 +92,17 @@ container-test: setup
 
 # The default job (README): FOLDOC through the reference data chain, a tiny BERT trained from
 # scratch on 2 CPU ranks to the demo target (config_CPU_1x2x32x1.sh), the MLPerf log checked by
-# the official compliance checker, and its loss/accuracy curves drawn next to it.
+# the official compliance checker, its loss/accuracy curves drawn next to it, and the trained
+# model exported in HuggingFace's format (out/demo/model).
 DEMO := $(OUT)/demo
 demo: setup
 	OUT_DIR=$(DEMO) PYTHON=$(PY) bash data_prep/prepare_demo.sh
 	export DEMO_DIR=$(DEMO) && set -a && source ./config_CPU_1x2x32x1.sh && set +a && \
 	  LOGDIR=$(DEMO)/results MLLOG_FILE=$(DEMO)/results/result_0.txt SEED=1 PLOT=1 \
-	  PYTHON=$(PY) ./run_and_time.sh
+	  CHECKPOINT_DIR=$(DEMO)/checkpoints PYTHON=$(PY) ./run_and_time.sh
 	$(PY) -m bertperf check --logs $(DEMO)/results/result_0.txt
+	$(PY) -m bertperf export --checkpoint auto --checkpoint-dir $(DEMO)/checkpoints \
+	  --output $(DEMO)/model --force
 
 # The data-prep chain on a Wikipedia extract (MLPerf's 512-token samples): WIKI_SAMPLE is a folder
 # of wikiextractor output (data_prep/README.md makes one from the Wikipedia dump); it has no default.

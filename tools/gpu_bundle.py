@@ -35,9 +35,10 @@ from bertperf.resources import VOCAB_MD5, find_vocab, install_vocab  # noqa: E40
 LIMIT = 24 * 2**20
 """Bytes: the bundle travels with the checkout, beside other files, under a 64 MiB cap."""
 TARGET_HAS = ("torch", "triton", "numpy", "h5py", "mpi4py", "tokenizers", "transformers",
-              "matplotlib", "tqdm", "pytest", "pytest-xdist", "click", "regex", "pyyaml")
-"""The default target's packages (the image's, and click, regex and pyyaml, which transformers
-brings)."""
+              "matplotlib", "tqdm", "pytest", "pytest-xdist", "click", "regex", "pyyaml",
+              "safetensors")
+"""The default target's packages (the image's, and click, regex, pyyaml and safetensors, which
+transformers brings)."""
 NLTK_NEEDS = ("defusedxml==0.7.1", "joblib==1.6.0")
 """nltk's declared dependencies beyond the target's."""
 TORCHAO = {"2.11": "0.17.0", "2.13": "0.18.0"}

@@ -197,7 +197,7 @@ def test_the_cycle_check_catches_a_cycle(tmp_path, monkeypatch):
 
 COMMANDS_WITHOUT_TORCH = [["--help"], ["rank"], ["prep", "--help"], ["bench", "--help"], ["bench", "balance", "--help"], ["train", "--help"],
                           ["check", "--help"], ["submission", "--help"], ["plot", "--help"],
-                          ["model", "--help"]]
+                          ["model", "--help"], ["export", "--help"]]
 COMMANDS_WITHOUT_TORCH += [["model", name, "--help"] for name in ("step", "scale", "layerwise")]
 COMMANDS_WITHOUT_TORCH += [["prep", stage, "--help"] for stage in
                            ("dictd", "clean", "segment", "split", "create", "eval", "verify",

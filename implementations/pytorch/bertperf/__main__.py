@@ -20,6 +20,9 @@ COMMANDS = {
              "this process's rank, world size and local rank, as the trainer reads them"),
     "convert-ckpt": ("bertperf.model.convert_cli",
                      "TF1 BERT checkpoint -> PyTorch .pt (no TensorFlow)"),
+    "export": ("bertperf.train.export",
+               "a run's checkpoint -> a HuggingFace model folder (config.json, safetensors, "
+               "tokenizer, model card)"),
     "plot": ("bertperf.mlperf.plot", "PNG of loss and accuracy curves from an MLPerf log"),
     "check": ("bertperf.mlperf.check_cli",
               "run the official MLPerf checkers (ruleset 5.0.0) and print one verdict table"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -92,6 +92,16 @@ def setting(env: str, conv: Callable[[str], Any], default: Any = None, *, doc: s
                                             "curve": curve, "choices": choices})
 
 
+def default_text(value: Any) -> str | None:
+    """A setting's value (or default) as its variable would be written (None: none to
+    write)."""
+    if value is None or value is MISSING:
+        return None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
 def doc(f: Any) -> str:
     """A field's help text, whitespace folded."""
     return " ".join(f.metadata.get("doc", "").split())
@@ -110,8 +120,9 @@ class ModelConfig:
         bert_config.json.""")
     init_checkpoint: Path | None = setting("INIT_CHECKPOINT", Path, doc="""
         Weights to start from: MLPerf's TF1 checkpoint model.ckpt-28252 (its prefix or any of
-        its files; read without TensorFlow), a `convert-ckpt` output (.pt) or NVIDIA's converted
-        model.ckpt-28252.pt; unset = random init (seeded by SEED).""")
+        its files; read without TensorFlow), a `convert-ckpt` output (.pt), NVIDIA's converted
+        model.ckpt-28252.pt or a HuggingFace model folder (an `export` output, a copy of
+        bert-large-uncased); unset = random init (seeded by SEED).""")
     init_eval: bool = setting("INIT_EVAL", yes_no, True, doc="""
         With INIT_CHECKPOINT: evaluate right after loading it (during init, not logged as an
         MLPerf eval) and warn when a BERT-large checkpoint is far from the reference's 0.34085.""")
@@ -318,7 +329,8 @@ class CheckpointConfig:
         saved.""")
     checkpoint_every: int = setting("CHECKPOINT_EVERY", int, 0, doc="""
         Save every this many optimizer steps, and at the end of a run stopped by MAX_STEPS or
-        MAX_SAMPLES_TERMINATION (0 = only at that end). Needs CHECKPOINT_DIR.""")
+        MAX_SAMPLES_TERMINATION or by reaching its target (after run_stop; 0 = only at the end).
+        Needs CHECKPOINT_DIR.""")
     resume_from: str | None = setting("RESUME_FROM", str, doc="""
         A checkpoint file to resume from, or "auto": the latest in CHECKPOINT_DIR (a fresh start
         when there is none). The run's configuration must match the checkpoint's.""")
@@ -562,6 +574,13 @@ def _read_section(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def checkpoint_settings(environ: Mapping[str, str] | None = None) -> CheckpointConfig:
+    """CHECKPOINT_DIR and the other checkpoint settings from the environment alone (`export
+    --checkpoint auto`, which needs no run's other settings)."""
+    return CheckpointConfig(**_read_section(CheckpointConfig,
+                                            os.environ if environ is None else environ))
+
+
 def load(environ: Mapping[str, str], flags: Mapping[str, str] | None = None) -> RunConfig:
     """The configuration from `environ`, overridden by `flags` ({"section.field": text}), checked."""
     flags = flags or {}
@@ -688,9 +707,9 @@ def validate(cfg: RunConfig) -> None:
     if not 0.0 < cfg.train.target_accuracy <= 1.0:
         raise UserError(f"TARGET_MLM_ACCURACY must be in (0, 1], got {cfg.train.target_accuracy}")
     init = cfg.model.init_checkpoint
-    if init is not None and not (init.is_file() or Path(f"{init}.index").is_file()):
-        raise UserError(f"INIT_CHECKPOINT {init}: neither a file nor a TF checkpoint prefix "
-                        f"({init}.index)")
+    if init is not None and not (init.exists() or Path(f"{init}.index").is_file()):
+        raise UserError(f"INIT_CHECKPOINT {init}: neither a file, a folder nor a TF checkpoint "
+                        f"prefix ({init}.index)")
     _validate_checkpoint(cfg.checkpoint)
     if cfg.layerwise.layerwise is not None:
         layerwise_stages(cfg.layerwise.layerwise)

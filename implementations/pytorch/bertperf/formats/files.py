@@ -1,4 +1,5 @@
-"""File helpers shared by every prep stage: atomic outputs, strict UTF-8 reading, md5."""
+"""File helpers shared by every prep stage: atomic outputs (files and folders), strict UTF-8
+reading, md5."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -88,11 +90,48 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        found = os_error_in(exc)
-        if found is not None and found.errno in DISK_FULL:
-            raise UserError(f"{path}: cannot write: {write_failure(exc)} (in {parent}); "
-                            "nothing under that name changed") from None
+        raise_if_disk_full(exc, path)
         raise
+
+
+def raise_if_disk_full(exc: BaseException, path: Path) -> None:
+    """One UserError naming `path` when `exc` comes from a full disk (or quota)."""
+    found = os_error_in(exc)
+    if found is not None and found.errno in DISK_FULL:
+        raise UserError(f"{path}: cannot write: {write_failure(exc)} (in {path.parent}); "
+                        "nothing under that name changed") from None
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """atomic_output for a folder: yield an empty temporary folder beside `path`, which becomes
+    `path` only if the block succeeds. A folder already at `path` (the caller decides whether
+    it may go) stays whole until the new one is: it is moved aside, the new one renamed in, and
+    only then removed. On any exception the temporary folder is removed; a full disk is one
+    UserError naming `path`."""
+    path = Path(path)
+    parent = path.parent
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path}: is a file, expected the name of a folder to write")
+    if why := folder_problem(parent):
+        raise UserError(f"{parent}: {why}")
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp, old = (parent / f".{path.name}.{kind}-{os.getpid()}" for kind in ("tmp", "old"))
+    for stale in (tmp, old):  # left by a killed process of the same id
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if old.exists() and not path.exists():
+            os.replace(old, path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise_if_disk_full(exc, path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def missing_folders(folders: Iterable[str | os.PathLike]) -> list[Path]:

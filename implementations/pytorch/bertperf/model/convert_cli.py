@@ -1,7 +1,8 @@
 """`python -m bertperf convert-ckpt`: Google's TF1 BERT checkpoint (MLPerf's model.ckpt-28252) to a
-PyTorch file, without TensorFlow; `load_init_checkpoint`, which reads either for training, or
-NVIDIA's conversion of the same checkpoint (`model.ckpt-28252.pt`); and `read_torch_file`, how
-every checkpoint of ours is read (the trainer's own too: one-line errors).
+PyTorch file, without TensorFlow; `load_init_checkpoint`, which reads either for training,
+NVIDIA's conversion of the same checkpoint (`model.ckpt-28252.pt`) or a HuggingFace model folder
+(`export`'s, or bert-large-uncased's); and `read_torch_file`, how every checkpoint of ours is
+read (the trainer's own too: one-line errors).
 
 The converted file is `torch.save` of one dict (loadable with `weights_only=True`):
 
@@ -17,6 +18,7 @@ decoder weight tied to the word embeddings (hf.from_hf_state_dict reads both for
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -28,7 +30,8 @@ from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert import BertForPreTraining
 from bertperf.model.bert_config import BertConfig
-from bertperf.model.hf import from_hf_state_dict, renamed
+from bertperf.model.hf import (HF_CONFIG, HF_SHAPE_KEYS, HF_TOKENIZER_CONFIG, HF_TORCH_WEIGHTS,
+                               HF_WEIGHTS, from_hf_state_dict, renamed)
 from bertperf.model.tf_checkpoint import checkpoint_prefix, state_dict_from_tf
 
 
@@ -57,23 +60,28 @@ def run(args: argparse.Namespace) -> int:
 
 def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torch.Tensor]:
     """BertForPreTraining's state dict from `path`: a TF checkpoint (its prefix, or one of its
-    files), a file written by convert-ckpt or NVIDIA's converted checkpoint. Every tensor is
-    checked against `config`'s model (one-line UserError naming the file and the first tensor
-    missing, unknown or misshapen, by its name in the file)."""
+    files), a file written by convert-ckpt, NVIDIA's converted checkpoint or a HuggingFace model
+    folder (read_hf_folder). Every tensor is checked against `config`'s model (one-line
+    UserError naming the file and the first tensor missing, unknown or misshapen, by its name in
+    the file)."""
     path = Path(path)
-    prefix = checkpoint_prefix(path)
-    if prefix != path or Path(f"{path}.index").is_file():
-        return state_dict_from_tf(prefix, config)
-    if not path.is_file():
-        raise UserError(f"init checkpoint {path}: neither a TF checkpoint prefix ({path}.index) "
-                        "nor a PyTorch checkpoint file")
-    saved = read_torch_file(path, "init checkpoint")
-    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-        raise UserError(f"init checkpoint {path}: not a convert-ckpt or NVIDIA checkpoint "
-                        "(no 'model' state dict)")
     source = f"init checkpoint {path}"
-    state_dict = from_hf_state_dict(saved["model"], config, source)
-    in_file = {renamed(key): key for key in saved["model"]}
+    if path.is_dir():
+        saved = read_hf_folder(path, config, source)
+    else:
+        prefix = checkpoint_prefix(path)
+        if prefix != path or Path(f"{path}.index").is_file():
+            return state_dict_from_tf(prefix, config)
+        if not path.is_file():
+            raise UserError(f"{source}: neither a TF checkpoint prefix ({path}.index), a "
+                            "PyTorch checkpoint file nor a HuggingFace model folder")
+        checkpoint = read_torch_file(path, "init checkpoint")
+        if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
+            raise UserError(f"{source}: not a convert-ckpt or NVIDIA checkpoint (no 'model' "
+                            "state dict)")
+        saved = checkpoint["model"]
+    state_dict = from_hf_state_dict(saved, config, source)
+    in_file = {renamed(key): key for key in saved}
     with torch.device("meta"):
         mine = BertForPreTraining(config).state_dict()
     for name, tensor in mine.items():
@@ -88,6 +96,57 @@ def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torc
         raise UserError(f"{source}: tensor {in_file.get(extra[0], extra[0])} is not in this "
                         "model")
     return state_dict
+
+
+def read_hf_folder(folder: Path, config: BertConfig, source: str) -> dict[str, torch.Tensor]:
+    """The tensors of HuggingFace model folder `folder` (config.json and model.safetensors, or
+    pytorch_model.bin), by their names there; one-line UserErrors starting with `source` for a
+    file missing or damaged, another model type or size than `config` (config.json's
+    HF_SHAPE_KEYS, read before any tensor) and a cased tokenizer (tokenizer_config.json's
+    do_lower_case false: the MLPerf data is lower-cased)."""
+    if not (folder / HF_CONFIG).is_file():
+        raise UserError(f"{source}: no {HF_CONFIG} in the folder (not a HuggingFace model "
+                        "folder)")
+    hf = read_json_object(folder / HF_CONFIG, source)
+    if hf.get("model_type") != "bert":
+        raise UserError(f"{source}: {HF_CONFIG} has model_type {hf.get('model_type')!r}, not "
+                        "'bert'")
+    for key in HF_SHAPE_KEYS:
+        mine = getattr(config, key)
+        if hf.get(key, mine) != mine:
+            raise UserError(f"{source}: {HF_CONFIG} has {key} {hf[key]}, this run's BERT "
+                            f"(BERT_CONFIG) has {mine}")
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise UserError(f"{source}: {HF_CONFIG} has hidden_act {hf['hidden_act']!r}; only "
+                        "'gelu' is supported")
+    tokenizer = folder / HF_TOKENIZER_CONFIG
+    if tokenizer.is_file() and read_json_object(tokenizer, source).get("do_lower_case") is False:
+        raise UserError(f"{source}: a cased model ({HF_TOKENIZER_CONFIG} has do_lower_case "
+                        "false); the MLPerf data is lower-cased")
+    weights = folder / HF_WEIGHTS
+    if weights.is_file():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(weights)
+        except (SafetensorError, OSError) as exc:
+            raise UserError(f"{source}: {HF_WEIGHTS} is damaged, cannot be read "
+                            f"({first_sentence(str(exc)) or type(exc).__name__})") from None
+    if (folder / HF_TORCH_WEIGHTS).is_file():
+        return read_torch_file(folder / HF_TORCH_WEIGHTS, source)
+    raise UserError(f"{source}: no {HF_WEIGHTS} or {HF_TORCH_WEIGHTS} in the folder")
+
+
+def read_json_object(path: Path, source: str) -> dict:
+    """The JSON object in `path`; one line starting with `source` where it is none."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{source}: {path.name} cannot be read "
+                        f"({first_sentence(str(exc)) or type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: {path.name} is not a JSON object")
+    return data
 
 
 def first_sentence(text: str, limit: int = 120) -> str:

@@ -2,7 +2,8 @@
 BertForPreTraining (our names are HF's; HF has the unpadded vocabulary and the tied decoder as
 extra keys), NVIDIA's MLPerf PyTorch checkpoint (`model.ckpt-28252.pt`: HF's names, LayerNorm
 parameters sometimes called gamma/beta, the vocabulary padded to a multiple of 8, a decoder
-without bias) and Google's TF1 checkpoint (`model.ckpt-28252` of MLPerf)."""
+without bias) and Google's TF1 checkpoint (`model.ckpt-28252` of MLPerf); what HF's model folder
+holds (`save_pretrained`'s tensors and config.json)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,45 @@ def tf_name(name: str) -> str:
 def tf_transposed(name: str) -> bool:
     """Whether the TF variable of parameter `name` is stored transposed ([in, out] kernels)."""
     return tf_name(name).endswith("/kernel")
+
+
+# ---- HuggingFace's model folder (`export`, INIT_CHECKPOINT=<folder>) --------------------------
+
+HF_WEIGHTS = "model.safetensors"
+HF_CONFIG = "config.json"
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"
+HF_TORCH_WEIGHTS = "pytorch_model.bin"
+"""The older name of a folder's weights (torch.save of the state dict), read where it has no
+HF_WEIGHTS."""
+HF_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "max_position_embeddings", "type_vocab_size")
+"""The config.json keys that must equal the run's BertConfig for its weights to load."""
+
+
+def hf_saved_tensors(state_dict: Mapping[str, torch.Tensor],
+                     config: BertConfig) -> dict[str, torch.Tensor]:
+    """The tensors of HF's `save_pretrained` of BertForPreTraining for our state dict: the
+    vocabulary unpadded, the tied decoder left out (HF ties it to the word embeddings on load),
+    each tensor float32, contiguous and in storage of its own (safetensors refuses shared
+    storage: our query/key/value are views of one qkv parameter)."""
+    out = to_hf_state_dict(state_dict, config)
+    for key in _DECODER:
+        out.pop(key)
+    return {name: tensor.detach().to(torch.float32).contiguous().clone()
+            for name, tensor in out.items()}
+
+
+def hf_config(config: BertConfig) -> dict[str, object]:
+    """config.json of HF's BertForPreTraining for `config` (the unpadded vocabulary)."""
+    return {"architectures": ["BertForPreTraining"], "model_type": "bert",
+            "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+            "num_hidden_layers": config.num_hidden_layers,
+            "num_attention_heads": config.num_attention_heads,
+            "intermediate_size": config.intermediate_size, "hidden_act": config.hidden_act,
+            "hidden_dropout_prob": config.hidden_dropout_prob,
+            "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
+            "max_position_embeddings": config.max_position_embeddings,
+            "type_vocab_size": config.type_vocab_size,
+            "initializer_range": config.initializer_range,
+            "layer_norm_eps": config.layer_norm_eps, "pad_token_id": 0,
+            "tie_word_embeddings": True, "dtype": "float32"}

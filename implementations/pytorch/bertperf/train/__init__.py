@@ -11,6 +11,7 @@
   dist.py        torch.distributed from the launcher's variables (gloo on CPU, NCCL on CUDA);
                  a dead peer or SIGTERM as one-line errors
   evaluation.py  masked-LM accuracy over the whole eval file, from counts summed over ranks
+  export.py      the `export` subcommand: a checkpoint as a HuggingFace model folder
   launch.py      the `launch` subcommand: this node's ranks through torch.distributed's launcher,
                  its failure report as one line naming the rank that failed first
   loop.py        the inputs read and checked before the MLPerf log opens (data, checkpoints),

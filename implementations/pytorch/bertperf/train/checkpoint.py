@@ -2,13 +2,15 @@
 optimizer, schedule, loss scaler, loader position, progress counters, random states), each saving
 and loading its own state, written by rank 0 under a temporary name and resumed exactly
 (docs/design.md, "Checkpoint parts"). A checkpoint is `torch.save` of {"format", part name: part
-state, ...}, loadable with `weights_only=True`. Every error is one line naming the file, said
-once however many ranks read it."""
+state, ..., "run": the run's record}, loadable with `weights_only=True`; the record (`run_record`,
+what `export` writes into its model card) is never loaded back. Every error is one line naming
+the file, said once however many ranks read it."""
 
 from __future__ import annotations
 
 import random
 import re
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -27,6 +29,8 @@ from bertperf.train.dist import Dist, FollowOnError
 FORMAT = "bertperf-checkpoint-4"  # 4: the parts' states by name, the counters as "progress"
 OLDER = {"bertperf-checkpoint-3"}  # 3: the counters at the top level (upgraded on load)
 NAME = re.compile(r"^ckpt_(\d+)\.pt$")
+RECORD = "run"
+"""The key of the run's record in a checkpoint (`run_record`; absent from older ones)."""
 
 
 class Part(Protocol):
@@ -172,6 +176,23 @@ class Fingerprint:
                             "needs the same settings")
 
 
+def run_record(cfg: RunConfig, data_samples: int, packed: bool,
+               max_seq_length: int) -> dict[str, Any]:
+    """What a checkpoint tells of the run that wrote it, beyond its parts (for `export`'s model
+    card): the command (every setting that differs from its default, as its variable, but the
+    launcher's; and the ranks), the MLPerf log, the target and division, and the training data
+    (its samples, or packed rows, and max_seq_length)."""
+    settings = [f"{f.metadata['env']}={shlex.quote(config.default_text(value))}"
+                for section, f in config.tunables() if section != "dist"
+                and (value := getattr(getattr(cfg, section), f.name)) != f.default
+                and value is not None]
+    return {"command": " ".join([*settings, "python -m bertperf train"]),
+            "ranks": cfg.dist.world_size, "log": str(cfg.log_path.absolute()),
+            "target": cfg.train.target_accuracy, "division": cfg.train.submission_division,
+            "data": str(cfg.data.train_dir), "data_samples": data_samples, "packed": packed,
+            "max_seq_length": max_seq_length}
+
+
 def file_name(step: int) -> str:
     return f"ckpt_{step:08d}.pt"
 
@@ -199,11 +220,12 @@ class Checkpointer:
     """Saves and resumes a run's parts (CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME_FROM, which
     `resumable` reads and checks before the run's log opens). `parts` is asked for them each
     time, so it names the run's current ones; they load in its order (the model's shapes and
-    the run's Fingerprint before the rest)."""
+    the run's Fingerprint before the rest). `record` (run_record) is saved with them."""
 
     def __init__(self, parts: Callable[[], dict[str, Part]], settings: CheckpointConfig,
-                 dist: Dist, device: torch.device) -> None:
+                 dist: Dist, device: torch.device, record: dict[str, Any] | None = None) -> None:
         self.parts, self.settings, self.dist, self.device = parts, settings, dist, device
+        self.record = record
 
     def states(self) -> dict[str, Any]:
         """Every part's state by name. Every rank calls it (a sharded optimizer gathers its
@@ -226,7 +248,8 @@ class Checkpointer:
         try:
             with atomic_output(path) as tmp, open(tmp, "wb") as f:
                 # through Python's file: a full disk raises ENOSPC, named
-                torch.save({"format": FORMAT, **states}, f)
+                torch.save({"format": FORMAT, **states,
+                            **({RECORD: self.record} if self.record is not None else {})}, f)
         except UserError as exc:
             raise UserError(f"checkpoint {exc}") from None
         return path

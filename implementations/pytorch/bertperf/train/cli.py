@@ -7,20 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import fields
 
-from bertperf.config import (RunConfig, doc, environment_warnings, load, process_environment,
-                             tunables, yes_no)
+from bertperf.config import (RunConfig, default_text, doc, environment_warnings, load,
+                             process_environment, tunables, yes_no)
 from bertperf.errors import UserError
-
-
-def default_text(value) -> str | None:
-    """A field's default as its variable would be written (None: no default to show)."""
-    if value is None or value is MISSING:
-        return None
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
