@@ -128,11 +128,12 @@ def by_name(optimizer) -> dict[str, dict]:
 
 
 def test_mslt_trains_only_new_layers_and_logs_its_stages(tmp_path, monkeypatch, data):
-    """LAYERWISE_TRAIN=new: after each boundary the embeddings and the old layers have no
-    gradient, are not in the optimizer (nor in FlatLamb's flat buffer) and their outputs carry
-    no autograd graph; a new layer is a copy of the top one, its moments its source's; the
-    checkpoint parts are the stage's optimizer and schedule, the stage's part before the model;
-    the log marks the three stages and passes the compliance checker."""
+    """LAYERWISE_TRAIN=new, LAYERWISE_EMBEDDINGS=frozen: after each boundary the embeddings and
+    the old layers have no gradient, are not in the optimizer (nor in FlatLamb's flat buffer)
+    and their outputs carry no autograd graph; a new layer is a copy of the top one, its
+    moments its source's; the checkpoint parts are the stage's optimizer and schedule, the
+    stage's part before the model; the log marks the three stages and passes the compliance
+    checker."""
     from bertperf.train import layerwise
     seen, outputs, boundaries = [], {}, []
     real_enter = layerwise.Stages.enter
@@ -178,7 +179,8 @@ def test_mslt_trains_only_new_layers_and_logs_its_stages(tmp_path, monkeypatch, 
     monkeypatch.setattr(layerwise.Stages, "enter", enter)
     out = tmp_path / "out"
     losses = run(monkeypatch, base_env(data, out, LAYERWISE_TRAIN="new", FLAT_LAMB="1",
-                                       LAYERWISE_OPTIMIZER="copy"), inspect)
+                                       LAYERWISE_OPTIMIZER="copy",
+                                       LAYERWISE_EMBEDDINGS="frozen"), inspect)
     assert len(losses) == N and boundaries == [True, True]
     assert [(d, f) for d, f, *_ in seen] == [(2, 0)] * 5 + [(3, 2)] * 3 + [(4, 3)] * 8
     for step, (depth, frozen, trained, in_opt, with_grad, flat, graph) in enumerate(seen):

@@ -32,15 +32,15 @@ if TYPE_CHECKING:
 GPU_RUNS: dict[str, tuple[str, tuple[tuple[int, float, str], ...]]] = {
     "normal": ("all", ((24, 1.0, ""),)),
     "stacking": ("all", ((6, 0.125, ""), (12, 0.175, ""), (24, 0.70, ""))),
-    "mslt": ("new", ((6, 0.15, ""), (12, 0.15, ""), (18, 0.15, ""), (24, 0.15, ""),
-                     (24, 0.40, "all"))),
+    "mslt": ("new", ((8, 0.25, ""), (16, 0.25, ""), (24, 0.50, "all"))),
 }
 """The runs the GPU model prices: LAYERWISE_TRAIN and the stages (layers, share of the samples,
 the stage's own :all/:new or ""). stacking: Gong et al.'s BERT-base reproduction (3 -> 6 -> 12
 layers for 50k, 70k, 280k updates) scaled to BERT-large's 24 layers: 6 -> 12 -> 24 for 12.5 %,
-17.5 %, 70 % of the samples. mslt: 6 layers more a stage, only the new ones trained, 15 % of the
-samples each, then the whole model 40 % (the demo's proportions: three stages of 20 %, then 40 %);
-the paper's schedule is not in its public abstract."""
+17.5 %, 70 % of the samples. mslt: `bench layerwise`'s MSLT scaled to 24 layers: a third of the
+layers, then two thirds with only the new third training (the word embeddings too: the trainer's
+default LAYERWISE_EMBEDDINGS), a quarter of the samples each, then all 24 layers training for the
+other half; the paper's schedule is not in its public abstract."""
 GPUS_PER_NODE = 8
 
 
