@@ -73,29 +73,49 @@ AVX2 (other summation orders) stays within 4.6e-7 over the 200 steps; WEIGHT_DEC
 instead of 0.01 passes this bound at step 69 (1.1e-4 by step 200)."""
 
 
-def run(curve: Curve, demo: Path, out: Path) -> list[float]:
-    """The losses of steps 1..curve.steps of `curve`'s run on the demo's data in `demo`
-    (prepare_demo.sh's output folder), read from its MLPerf log in `out`."""
+def start(curve: Curve, demo: Path, out: Path, **env: str) -> subprocess.Popen:
+    """`curve`'s run on the demo's data in `demo` (prepare_demo.sh's output folder) started in
+    the background, its MLPerf log into `out`; `env` on top of the environment (a test's process
+    tag). `losses` waits for it."""
     out.mkdir(parents=True, exist_ok=True)
-    log = out / "result_0.txt"
     data = pack(demo) if curve.packed else demo / "unpadded"
-    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, **curve.settings,
-           "DATADIR_PHASE2": str(data),
+    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, **env,
+           **curve.settings, "DATADIR_PHASE2": str(data),
            "EVAL_FILE": str(demo / "hdf5" / "eval" / "eval_10k.hdf5"),
-           "LOGDIR": str(out), "MLLOG_FILE": str(log), "PYTHONPATH": PYTHONPATH}
+           "LOGDIR": str(out), "MLLOG_FILE": str(out / "result_0.txt"), "PYTHONPATH": PYTHONPATH}
     train = [sys.executable, "-m", "bertperf", "train"]
     if curve.ranks > 1:
         train[3:3] = ["launch", "--nproc-per-node", str(curve.ranks)]
-    done = subprocess.run(train, env=env, cwd=out, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"the loss-curve run failed:\n{done.stderr[-3000:]}")
-    losses = {}
-    for line in log.read_text().splitlines():
+    with (out / "stderr.txt").open("w") as stderr:
+        return subprocess.Popen(train, env=env, cwd=out, stdout=subprocess.DEVNULL,
+                                stderr=stderr)
+
+
+def losses(curve: Curve, process: subprocess.Popen, out: Path) -> list[float]:
+    """The losses of steps 1..curve.steps of `curve`'s run started by `start` into `out`, read
+    from its MLPerf log once it has ended."""
+    try:
+        process.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError("the loss-curve run failed:\n"
+                           + (out / "stderr.txt").read_text()[-3000:])
+    found = {}
+    for line in (out / "result_0.txt").read_text().splitlines():
         if ":::MLLOG " in line:
             event = json.loads(line.split(":::MLLOG ", 1)[1])
             if event["key"] == "train_loss":
-                losses[event["metadata"]["step"]] = event["value"]
-    return [losses[step] for step in range(1, curve.steps + 1)]
+                found[event["metadata"]["step"]] = event["value"]
+    return [found[step] for step in range(1, curve.steps + 1)]
+
+
+def run(curve: Curve, demo: Path, out: Path) -> list[float]:
+    """The losses of steps 1..curve.steps of `curve`'s run on the demo's data in `demo`, read
+    from its MLPerf log in `out` (`start`, then `losses`)."""
+    return losses(curve, start(curve, demo, out), out)
 
 
 def first_difference(got: list[float], want: list[float], rtol: float = RTOL
