@@ -13,17 +13,17 @@ every run:
             only the new top third (the rest frozen: forward only; the word embeddings, tied to
             the MLM head's output projection, training: LAYERWISE_EMBEDDINGS=trained), --stage
             samples each, then the remaining samples with all the layers, the whole model
-            training (LAYERWISE_TRAIN=new, copies, LAMB reset, the one LR schedule continuing:
-            the trainer's defaults)
-  --runs only, one factor changed:
-  mslt_fresh    mslt, the new layers freshly initialised (LAYERWISE_INIT=fresh)
-  mslt_restart  mslt, the LR warm-up again at each boundary (LAYERWISE_SCHEDULE=restart)
-  mslt_copy     mslt, LAMB's moments carried across boundaries (LAYERWISE_OPTIMIZER=copy)
-  mslt_4        mslt, the last third also training alone (--stage samples) before the whole
-                model does: every stage adds layers that train alone
-  mslt_4_restart, mslt_4_copy  mslt_4 with the factor of mslt_restart, mslt_copy
-  mslt_4_frozen  mslt_4 with the word embeddings frozen too (LAYERWISE_EMBEDDINGS=frozen: the
-                literal reading of the paper)
+            training (LAYERWISE_TRAIN=new, copies, LAMB reset), the LR warm-up again at each
+            boundary (LAYERWISE_SCHEDULE=restart)
+  --runs only, factors changed:
+  mslt_fresh          mslt, the new layers freshly initialised (LAYERWISE_INIT=fresh)
+  mslt_continue       mslt, the one LR schedule continuing (LAYERWISE_SCHEDULE=continue)
+  mslt_continue_copy  mslt_continue, LAMB's moments carried (LAYERWISE_OPTIMIZER=copy)
+  mslt_4              mslt_continue, the last third also training alone (--stage samples)
+                      before the whole model does: every stage adds layers that train alone
+  mslt_4_restart, mslt_4_copy  mslt_4, LAYERWISE_SCHEDULE=restart or LAYERWISE_OPTIMIZER=copy
+  mslt_4_frozen       mslt_4, the word embeddings frozen too (LAYERWISE_EMBEDDINGS=frozen: the
+                      literal reading of the paper)
 
 The data (--vocab): the demo's unpadded training shards and its eval samples as they are, or
 with the vocabulary cut to the --vocab most frequent tokens of the training shards (ids below 104,
@@ -31,20 +31,21 @@ with the vocabulary cut to the --vocab most frequent tokens of the training shar
 prediction of a token outside it dropped), written to --out: a study model whose encoder is most
 of the step and of the parameters (vocab_map, remapped). Default: the study of
 docs/performance.md, 6 layers of 128 and a vocabulary of 4,096 (the encoder 1.2 M of the 1.8 M
-parameters), batch 16, 16,000 samples (1,000 steps, warm-up 100), stages of 4,000.
+parameters), batch 16, 16,000 samples (1,000 steps, warm-up 100), stages of 4,000, evals on
+1,000 samples.
 
-Clocks (--clock): the process's CPU time (`cpu`, default: what the run's own threads spent,
-the loader's prefetch thread included; steadier than wall time on a machine other work shares),
-or wall time. A run's training time is the clock's time in the training loop without its evals
-(every --eval-every samples, on the whole eval set), read at the loop's events (train.loop.LoopEvents);
-the step times are the loop's steps (train_step and its counting), and the frozen forward the
-time from the embeddings' start to the last frozen layer's end inside a step (forward hooks).
-First table, per run: samples and training seconds to --target (the first eval at or above it),
-that time over normal training's (seed --seed), the accuracy at normal's time-to-target (the
-last eval by then), the final accuracy and the total training time. Second table, per stage:
-depth, trained layers, steps, median step time and the frozen forward's mean share of it.
-Goal: the target in <= 0.7 x normal training's time, the final accuracy within the two normal
-seeds' spread.
+Clocks (--clock): the process's CPU time (`cpu`, default: what the run's own threads spent, the
+loader's prefetch thread included; steadier than wall time on a machine other work shares), or
+wall time. A run's training time is the clock's time in the training loop without its evals
+(every --eval-every samples, on the whole eval set), read at the loop's events
+(train.loop.LoopEvents); the step times are the loop's steps (train_step and its counting), and
+the frozen forward the time from the embeddings' start to the last frozen layer's end inside a
+step (forward hooks). First table, per run: samples and training seconds to --target (the first
+eval at or above it), that time over normal training's (seed --seed), the accuracy at normal's
+time-to-target (the last eval by then), the final accuracy and the total training time. Second
+table, per stage: depth, trained layers, steps, median step time and the frozen forward's mean
+share of it. Goal: the target in <= 0.7 x normal training's time, the final accuracy within the
+two normal seeds' spread.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples of each stage but the last (default 4,000)")
     p.add_argument("--eval-every", type=int, default=2000, help="samples between evals "
                                                                 "(default 2,000)")
-    p.add_argument("--eval-samples", type=int, default=250,
-                   help="eval samples, every k-th of the demo's 2,000 (default 250)")
+    p.add_argument("--eval-samples", type=int, default=1000,
+                   help="eval samples, every k-th of the demo's 2,000 (default 1,000)")
     p.add_argument("--target", type=float, default=0.15,
                    help="the masked-LM accuracy timed (default 0.15: normal training's at 3/4 "
                         "of the default run)")
@@ -110,9 +111,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def schedules(layers: int, stage: int) -> dict[str, dict[str, str]]:
     """The runs' LAYERWISE settings (module docstring); the trainer's defaults where unnamed."""
     half, third = max(1, layers // 2), max(1, layers // 3)
-    mslt = {"LAYERWISE": f"{third}:{stage},{2 * third}:{stage},{layers}:all",
-            "LAYERWISE_TRAIN": "new"}
-    mslt_4 = {**mslt,
+    mslt_continue = {"LAYERWISE": f"{third}:{stage},{2 * third}:{stage},{layers}:all",
+                     "LAYERWISE_TRAIN": "new"}
+    mslt = {**mslt_continue, "LAYERWISE_SCHEDULE": "restart"}
+    mslt_4 = {**mslt_continue,
               "LAYERWISE": f"{third}:{stage},{2 * third}:{stage},{layers}:{stage},{layers}:all"}
     return {
         "normal": {},
@@ -120,8 +122,8 @@ def schedules(layers: int, stage: int) -> dict[str, dict[str, str]]:
         "stacking": {"LAYERWISE": f"{half}:{stage},{layers}", "LAYERWISE_TRAIN": "all"},
         "mslt": mslt,
         "mslt_fresh": {**mslt, "LAYERWISE_INIT": "fresh"},
-        "mslt_restart": {**mslt, "LAYERWISE_SCHEDULE": "restart"},
-        "mslt_copy": {**mslt, "LAYERWISE_OPTIMIZER": "copy"},
+        "mslt_continue": mslt_continue,
+        "mslt_continue_copy": {**mslt_continue, "LAYERWISE_OPTIMIZER": "copy"},
         "mslt_4": mslt_4,
         "mslt_4_restart": {**mslt_4, "LAYERWISE_SCHEDULE": "restart"},
         "mslt_4_copy": {**mslt_4, "LAYERWISE_OPTIMIZER": "copy"},
@@ -304,9 +306,9 @@ def run(args: argparse.Namespace) -> int:
     data = study_data(demo, args.eval_samples, args.vocab, out)
     print(f"{cpu_name()}, {torch.get_num_threads()} thread(s); torch {torch.__version__}; "
           f"{time.strftime('%Y-%m-%d', time.gmtime())}\nBERT {args.layers} layers x "
-          f"{args.hidden}, vocabulary {args.vocab}, batch {args.batch}, {args.samples} samples, LR {args.lr}, evals every "
-          f"{args.eval_every} samples on {args.eval_samples} eval samples, target "
-          f"{args.target}; {args.clock} clock; logs in {out}", flush=True)
+          f"{args.hidden}, vocabulary {args.vocab}, batch {args.batch}, {args.samples} samples, "
+          f"LR {args.lr}, evals every {args.eval_every} samples on {args.eval_samples} eval "
+          f"samples, target {args.target}; {args.clock} clock; logs in {out}", flush=True)
     results = {}
     for name in names:
         print(f"{name}: {plans[name] or 'LAYERWISE unset'}", flush=True)
