@@ -223,8 +223,9 @@ def model_card(bert: BertConfig, settings: dict[str, Any], record: dict[str, Any
         rows.append(("data", f"max_seq_length {summary['max_sequence_length']}"))
     if "command" in record:
         rows.append(("command", f"`{record['command']}` on {record['ranks']} rank(s)"))
-    rows.append(("vocab", "MLPerf's vocab.txt" if md5_file(vocab) == VOCAB_MD5
-                 else f"{vocab.name} (md5 {md5_file(vocab)})"))
+    md5 = md5_file(vocab)
+    rows.append(("vocab", "MLPerf's vocab.txt" if md5 == VOCAB_MD5
+                 else f"{vocab.name} (md5 {md5})"))
     table = "\n".join(f"| {key} | {value.replace('|', '/')} |" for key, value in rows)
     return (f"---\nlibrary_name: transformers\ntags: [bert, fill-mask, mlperf]\n---\n\n"
             f"# BERT pretrained with bertperf\n\n"
