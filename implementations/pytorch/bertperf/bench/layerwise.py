@@ -224,6 +224,7 @@ def study_data(demo: Path, eval_count: int, size: int, out: Path) -> tuple[Path,
     and `eval_count` samples of its eval file (evenly spaced), in a vocabulary of the `size`
     most frequent tokens (vocab_map; `size` VOCAB: the demo's own, shards as they are)."""
     from bertperf.formats import unpadded
+    from bertperf.formats.files import atomic_output
     from bertperf.formats.padded import read_samples, write_arrays
     from bertperf.formats.samples import Samples
     arrays = read_samples(demo / "hdf5" / "eval" / "eval_10k.hdf5")
@@ -232,7 +233,8 @@ def study_data(demo: Path, eval_count: int, size: int, out: Path) -> tuple[Path,
     arrays = {k: v[rows] for k, v in arrays.items()}
     eval_file = out / "eval.hdf5"
     if size >= VOCAB:
-        write_arrays(eval_file, arrays)
+        with atomic_output(eval_file) as tmp:
+            write_arrays(tmp, arrays)
         return demo / "unpadded", eval_file
     shards = sorted((demo / "unpadded").glob("*.h5"))
     train = [unpadded.read_shard(f) for f in shards]
@@ -240,11 +242,13 @@ def study_data(demo: Path, eval_count: int, size: int, out: Path) -> tuple[Path,
     folder = out / f"unpadded_vocab{size}"
     folder.mkdir(exist_ok=True)
     for f, (s, meta) in zip(shards, train):
-        unpadded.write_shard(folder / f.name, remapped(s, mapping), meta["max_seq_length"],
-                             meta["max_predictions_per_seq"])
+        with atomic_output(folder / f.name) as tmp:
+            unpadded.write_shard(tmp, remapped(s, mapping), meta["max_seq_length"],
+                                 meta["max_predictions_per_seq"])
     small = remapped(Samples.from_padded(arrays), mapping)
     max_pred = arrays["masked_lm_ids"].shape[1]
-    write_arrays(eval_file, small.to_padded(arrays["input_ids"].shape[1], max_pred))
+    with atomic_output(eval_file) as tmp:
+        write_arrays(tmp, small.to_padded(arrays["input_ids"].shape[1], max_pred))
     return folder, eval_file
 
 
