@@ -14,4 +14,11 @@ COMMANDS = {
     "layerwise": ("bertperf.perfmodel.layerwise",
                   "BERT-large's step in each stage of progressive stacking and MSLT on one DGX "
                   "A100 node, and the time to train against normal training's"),
+    "results": ("bertperf.perfmodel.results",
+                "published MLPerf BERT result folders summarised, one CSV line each: runs, "
+                "olympic-mean minutes, samples trained, evals, global batch"),
+    "validate": ("bertperf.perfmodel.validate",
+                 "time to train of every published result of NVIDIA's MLPerf BERT code, "
+                 "predicted by perfmodel/cluster.py against the logs' olympic means, held out "
+                 "(--split generation or round)"),
 }
