@@ -29,6 +29,9 @@ COMMANDS = {
     "submission": ("bertperf.mlperf.submission_cli",
                    "assemble an MLPerf submission folder (<OUT>/<Org>/...) from a run directory"),
     "bench": ("bertperf.bench.cli", "benchmarks (each prints a table)"),
+    "plan": ("bertperf.perfmodel.plan",
+             "a cluster's MLPerf BERT configurations with their predicted time to train (a model), "
+             "the fastest closed and open marked; --write writes them as config files"),
     "model": ("bertperf.perfmodel.cli",
               "a performance model (a prediction, not a measurement): the step on an A100 and an "
               "H100, DGX A100 and commodity clusters, layerwise training"),

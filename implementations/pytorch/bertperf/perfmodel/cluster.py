@@ -35,6 +35,7 @@ GPUS = {g.name: g for g in (
     Gpu("B200 180GB SXM", 8.0e12, 180, "NVIDIA DGX B200 datasheet (2024): 64 TB/s for 8 GPUs"),
     Gpu("GB200 186GB", 8.0e12, 186, "NVIDIA GB200 NVL72 datasheet (2024): 576 TB/s for 72 "
         "GPUs"),
+    Gpu("V100 32GB", 0.9e12, 32, "NVIDIA Tesla V100 datasheet (2020)"),
 )}
 """The GPUs of the published results and of `plan`."""
 
@@ -59,11 +60,34 @@ class Fabric:
     alpha_net: float = 9.6e-6
     """Seconds a step of a ring on NVLink and on the network (NCCL's tuning.cc hwLat, Ring,
     Simple protocol; the same figures as model scale)."""
+    name: str = ""
 
     @property
     def nic_per_gpu(self) -> float:
         return self.nics_per_node * self.nic / self.gpus_per_node
 
+
+def _dgx(name: str, nvlink_gbps: float, nic_gbit: float) -> Fabric:
+    return Fabric(8, 8, nvlink_gbps * 1e9, 8, nic_gbit * 1e9 / 8, True, name=name)
+
+
+def _pcie(name: str, nic_gbit: float) -> Fabric:
+    return Fabric(8, 8, PCIE4_X16, 1, nic_gbit * 1e9 / 8, False, alpha_nvlink=5.7e-6, name=name)
+
+
+PCIE4_X16 = 31.5e9
+"""A PCIe 4.0 x16 link a direction, bytes/s (PCI-SIG; model scale's PCIE4_X16)."""
+FABRICS = {f.name: f for f in (
+    _dgx("dgx-a100", 300, 200), _dgx("dgx-h100", 450, 400), _dgx("dgx-b200", 900, 400),
+    Fabric(4, 72, 900e9, 4, 400e9 / 8, False, name="gb200-nvl72"),
+    _pcie("pcie-10gbe", 10), _pcie("pcie-25gbe", 25), _pcie("pcie-100gbe", 100),
+)}
+"""The known networks `plan` takes by name. DGX A100: NVSwitch 600 GB/s a GPU (300 a direction),
+eight 200 Gb/s HDR InfiniBand NICs; DGX H100: 900 GB/s NVLink 4 (450), eight 400 Gb/s NDR NICs;
+DGX B200: 1.8 TB/s NVLink 5 (900), eight 400 Gb/s NICs (NVIDIA's DGX datasheets); each with
+SHARP, as NVIDIA's multi-node configs ask for it. GB200 NVL72: 72 GPUs on one NVLink 5 domain,
+compute trays of 4 GPUs with four 400 Gb/s NICs (NVIDIA GB200 NVL72 datasheet). pcie-*: nodes of
+GPUs on PCIe 4.0 x16 (NCCL's PCI latency, 5.7 us a step) with one Ethernet NIC a node."""
 
 PARAMETERS = 336_232_258
 """BERT-large's trained parameters with MLPerf's vocabulary (bertperf.model, counted by

@@ -207,6 +207,15 @@ def judge(rows: list, split: str) -> list[Judged]:
     return out
 
 
+def fitted(rows: list) -> tuple[dict, cluster.Overheads]:
+    """The calibrations of `rows` and the overheads fitted as --split generation fits them (on
+    the CALIBRATOR's A100 rows): the model `plan` predicts with."""
+    calibrations = calibration_rows(rows)
+    calibrators = {id(c) for cs in calibrations.values() for c in cs}
+    return calibrations, fit([r for r in rows if fits(r) and id(r) not in calibrators
+                              and why(r, calibrations) is None], calibrations)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="generation", help=f"one of {', '.join(SPLITS)}: which "
                    "rows the overheads are fitted on and which are held out (default generation)")

@@ -1,0 +1,331 @@
+"""`python -m bertperf plan`: the configurations MLPerf BERT can run on a cluster, each with its
+predicted time to train, GPU-hours and the term that dominates (perfmodel/cluster.py with the
+overheads `model validate` fits: a model, not a measurement), the fastest of the closed and of
+the open division marked; --write writes them as config_<SYSTEM>_<n>x<g>x<b>x<a>.sh files that
+`run_and_time.sh --check` takes.
+
+Candidates: every global batch of MLPerf's RCP table the GPUs divide, varlen (sequences) and
+packed (rows of PACKING_FACTOR sequences), the largest micro-batch the GPU's memory holds
+(MAX_BATCH scaled by memory) and the fewest micro-batches a step; SHARDED_LAMB 0 and 1; in the
+open division also GRAD_COMM bf16 and fp16. Samples to converge: the RCP row's mean (open modes
+times model scale's SAMPLES_FACTOR). The trainer's own traffic: fp32 gradients all-reduced in
+DDP's buckets (bf16/fp16: half the bytes), the replicated LAMB step on every GPU, or with
+SHARDED_LAMB the gradients reduce-scattered after the backward and 1/(N G) of LAMB a GPU. A GPU's
+rate is NVIDIA's MLPerf code's on it (model validate's calibration): this trainer's own rate on a
+GPU has not been measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+from bertperf.benchmark import CLOSED, OPEN
+from bertperf.errors import UserError
+from bertperf.perfmodel import cluster
+
+MAX_BATCH = {"varlen": 56, "packed": 48}
+"""The largest micro-batch a GPU with 80 GB trains (sequences; packed: rows): NVIDIA's A100 and
+H100 single-node configs; scaled by the GPU's memory."""
+PACKING_FACTOR = 2
+OPEN_COMMS = ("bf16", "fp16")
+"""GRAD_COMM modes `plan` prices beside allreduce in the open division (PowerSGD and local SGD:
+`model scale --cluster commodity`)."""
+PRECISIONS = {"bf16": "fp16", "fp8": "fp8"}
+"""PRECISION the config trains in -> the calibration it is priced on (16-bit: NVIDIA's fp16)."""
+LATEST_ROUND = "v5.0"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    division: str
+    layout: str
+    global_batch: int
+    batch: int
+    accumulation: int
+    grad_comm: str
+    sharded: bool
+    samples: float
+    prediction: cluster.Prediction
+
+    @property
+    def seconds(self) -> float:
+        return self.prediction.seconds
+
+
+def rate(gpu: str, precision: str, rows: list, calibrations: dict,
+         over: cluster.Overheads) -> tuple[float, str]:
+    """The GPU's rate (model validate's rate_for, as of the latest round); a GPU without a
+    calibration but with a published DeepLearningExamples BERT rate: the A100's times the ratio
+    of the two (model scale's commodity calibration)."""
+    from bertperf.perfmodel import roofline, scale, validate
+
+    row = SimpleNamespace(gpu=gpu, precision=PRECISIONS[precision], round=LATEST_ROUND)
+    value, source = validate.rate_for(row, calibrations, over)
+    anchors = roofline.anchors()
+    if math.isnan(value) and (scale.SPEED_ANCHOR, gpu) in anchors and precision == "bf16":
+        a100, _ = validate.rate_for(replace_gpu(row, roofline.A100), calibrations, over)
+        ratio = anchors[scale.SPEED_ANCHOR, gpu].value / anchors[scale.SPEED_ANCHOR,
+                                                                 roofline.A100].value
+        return a100 * ratio, f"the A100's x {ratio:.2f} (DeepLearningExamples BERT rates)"
+    if math.isnan(value):
+        raise UserError(f"--gpu {gpu!r} at PRECISION={precision}: {source}, nor a published "
+                        "BERT rate to scale the A100's by")
+    return value, source
+
+
+def replace_gpu(row, gpu: str):
+    return SimpleNamespace(**{**vars(row), "gpu": gpu})
+
+
+def split(per_gpu: int, largest: int) -> tuple[int, int] | None:
+    """(micro-batch, micro-batches) of `per_gpu` sequences or rows a step: the fewest
+    micro-batches of at most `largest` that divide it."""
+    for steps in range(max(1, math.ceil(per_gpu / largest)), per_gpu + 1):
+        if per_gpu % steps == 0:
+            return per_gpu // steps, steps
+    return None
+
+
+def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
+               over: cluster.Overheads, divisions: tuple[str, ...],
+               samples: float | None = None) -> list[Candidate]:
+    """Every configuration of the module docstring on this cluster, priced."""
+    from bertperf.config import reference_eval_interval
+    from bertperf.mlperf.rcp import reference_points
+    from bertperf.perfmodel import scale
+
+    gpus = nodes * fabric.gpus_per_node
+    memory = cluster.GPUS[gpu].memory_gb / 80
+    buckets = len(scale.gradient_buckets())
+    out = []
+    for point in reference_points():
+        for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR)):
+            rows, left = divmod(point.bs, packing * gpus)
+            if left or not rows:
+                continue
+            shape_split = split(rows, max(1, int(MAX_BATCH[layout] * memory)))
+            if shape_split is None:
+                continue
+            batch, accumulation = shape_split
+            mean = sum(point.samples_to_converge) / len(point.samples_to_converge)
+            modes = [(CLOSED, "allreduce", False), (CLOSED, "allreduce", True)] + \
+                [(OPEN, m, False) for m in OPEN_COMMS]
+            for division, mode, sharded in modes:
+                if division not in divisions:
+                    continue
+                shape = cluster.Shape(gpu, nodes, fabric, batch, accumulation, packing,
+                                      blocks=1 if sharded else buckets,
+                                      gradient_bytes=4 if mode == "allreduce" else 2,
+                                      optimizer_share=1 / gpus if sharded else 1.0)
+                trained = samples or mean * scale.SAMPLES_FACTOR[mode]
+                evals = trained / reference_eval_interval(point.bs)
+                out.append(Candidate(division, layout, point.bs, batch, accumulation, mode,
+                                     sharded, trained,
+                                     cluster.predict(shape, rate_, over, trained, evals)))
+    return sorted(out, key=lambda c: c.seconds)
+
+
+def fabric_of(args: argparse.Namespace) -> cluster.Fabric:
+    if args.network not in cluster.FABRICS and args.network != "custom":
+        raise UserError(f"--network {args.network!r}: expected one of "
+                        f"{', '.join(cluster.FABRICS)} or custom")
+    if args.network == "custom":
+        if args.nic_gbit is None:
+            raise UserError("--network custom needs --nic-gbit (and --nics-per-node, "
+                            "--link-gbps)")
+        base = cluster.FABRICS["pcie-10gbe"]
+        fabric = replace(base, nic=_positive("nic-gbit", args.nic_gbit) * 1e9 / 8,
+                         nics_per_node=int(_positive("nics-per-node", args.nics_per_node)),
+                         nvlink=_positive("link-gbps", args.link_gbps) * 1e9,
+                         alpha_net=_positive("latency-us", args.latency_us) * 1e-6,
+                         sharp=False, name="custom")
+    else:
+        fabric = cluster.FABRICS[args.network]
+    if args.gpus_per_node is not None:
+        per_node = int(_positive("gpus-per-node", args.gpus_per_node))
+        domain = per_node if fabric.nvlink_domain == fabric.gpus_per_node else \
+            fabric.nvlink_domain
+        fabric = replace(fabric, gpus_per_node=per_node, nvlink_domain=domain)
+    return fabric
+
+
+def _positive(name: str, text) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise UserError(f"--{name} {text!r}: expected a number > 0")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", required=True,
+                   help=f"the GPU: one of {', '.join(cluster.GPUS)}")
+    p.add_argument("--gpus", required=True, help="GPUs in all")
+    p.add_argument("--network", default="dgx-a100",
+                   help=f"one of {', '.join(cluster.FABRICS)}, or custom (then --nic-gbit, "
+                        "--nics-per-node, --link-gbps, --latency-us) (default dgx-a100)")
+    p.add_argument("--gpus-per-node", default=None,
+                   help="GPUs a node (default: the network's)")
+    p.add_argument("--nic-gbit", default=None, help="custom: a NIC's Gb/s")
+    p.add_argument("--nics-per-node", default="1", help="custom: NICs a node (default 1)")
+    p.add_argument("--link-gbps", default=str(cluster.PCIE4_X16 / 1e9),
+                   help="custom: the GPUs' link in a node, GB/s a direction (default PCIe 4.0 "
+                        "x16)")
+    p.add_argument("--latency-us", default=str(cluster.Fabric.alpha_net * 1e6),
+                   help="custom: microseconds a step of a ring on the network (default NCCL's)")
+    p.add_argument("--precision", default="bf16", help="bf16 (default) or fp8 (FP8=1)")
+    p.add_argument("--division", default="both", help="closed, open or both (default)")
+    p.add_argument("--samples", default=None,
+                   help="samples to converge (default: the RCP row's mean for each batch)")
+    p.add_argument("--top", default="12", help="candidates printed (default 12)")
+    p.add_argument("--system", default=None,
+                   help="the SYSTEM of the config files' names (default: from the GPU)")
+    p.add_argument("--write", type=Path, default=None, metavar="DIR",
+                   help="write the fastest closed and open configs into DIR (it must hold "
+                        "config_common.sh: the checkout's root)")
+    p.add_argument("--force", action="store_true", help="overwrite config files of the same name")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertperf.perfmodel import results, validate
+
+    if args.gpu not in cluster.GPUS:
+        raise UserError(f"--gpu {args.gpu!r}: expected one of {', '.join(cluster.GPUS)}")
+    if args.precision not in PRECISIONS:
+        raise UserError(f"--precision {args.precision!r}: expected bf16 or fp8")
+    divisions = {"closed": (CLOSED,), "open": (OPEN,), "both": (CLOSED, OPEN)}.get(args.division)
+    if divisions is None:
+        raise UserError(f"--division {args.division!r}: expected closed, open or both")
+    fabric = fabric_of(args)
+    gpus = int(_positive("gpus", args.gpus))
+    nodes, left = divmod(gpus, fabric.gpus_per_node)
+    if left or gpus != float(args.gpus):
+        raise UserError(f"--gpus {args.gpus}: not a whole number of nodes of "
+                        f"{fabric.gpus_per_node} GPUs (--gpus-per-node)")
+    samples = None if args.samples is None else _positive("samples", args.samples)
+    top = int(_positive("top", args.top))
+    rows = results.load_results()
+    calibrations, over = validate.fitted(rows)
+    rate_, source = rate(args.gpu, args.precision, rows, calibrations, over)
+    found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples)
+    if not found:
+        raise UserError(f"{gpus} GPUs divide none of the RCP table's global batches into whole "
+                        "micro-batches: try another --gpus")
+    fastest = {d: next((c for c in found if c.division == d), None) for d in divisions}
+    command = " ".join(["python -m bertperf", *sys.argv[1:]])
+    print(f"PLAN (a model, not a measurement): `{command}`, {datetime.date.today()}")
+    print(f"cluster: {nodes} x {fabric.gpus_per_node} {args.gpu} ({gpus} GPUs), "
+          f"{fabric.name or 'custom'}: {fabric.nvlink / 1e9:g} GB/s a GPU in its "
+          f"{fabric.nvlink_domain}-GPU link domain, {fabric.nics_per_node} x "
+          f"{fabric.nic * 8 / 1e9:g} Gb/s NICs a node{', SHARP' if fabric.sharp else ''}")
+    print(f"rate: {rate_:,.0f} sequences/s a GPU at PRECISION={args.precision} ({source}; NVIDIA's "
+          f"MLPerf code, not this trainer's, which no GPU has measured); overheads "
+          f"{over.seconds * 1e3:.2f} ms + {over.sequences:.1f} sequences a micro-step, "
+          f"{over.run:.2f} s a run (fitted by model validate on NVIDIA's A100 results)")
+    print("| division | global batch | layout | micro-batch x steps | GRAD_COMM | SHARDED_LAMB | "
+          "samples | step ms | time to train | GPU-hours | dominant term | |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in found[:top] + [f for f in fastest.values() if f and f not in found[:top]]:
+        mark = f"fastest {c.division}" if fastest.get(c.division) is c else ""
+        print(f"| {c.division} | {c.global_batch:,} | {c.layout} | {c.batch} x "
+              f"{c.accumulation} | {c.grad_comm} | {int(c.sharded)} | {c.samples:,.0f} | "
+              f"{c.prediction.step_seconds * 1e3:,.1f} | {_duration(c.seconds)} | "
+              f"{c.seconds * gpus / 3600:,.1f} | {c.prediction.dominant} | {mark} |")
+    if args.write:
+        system = args.system or "".join(ch for ch in args.gpu.split()[0] if ch.isalnum())
+        for c in fastest.values():
+            if c is not None:
+                path = write_config(args.write, system, args.gpu, nodes, fabric, c,
+                                    args.precision, command, args.force)
+                print(f"wrote {path} ({c.division}; check it: source it, then "
+                      "./run_and_time.sh --check)")
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def config_name(system: str, nodes: int, per_node: int, c: Candidate) -> str:
+    return (f"config_{system}_{nodes}x{per_node}x{c.batch}x{c.accumulation}"
+            f"{'_pack' if c.layout == 'packed' else ''}{'_open' if c.division == OPEN else ''}"
+            ".sh")
+
+
+def write_config(folder: Path, system: str, gpu: str, nodes: int, fabric: cluster.Fabric,
+                 c: Candidate, precision: str, command: str, force: bool) -> Path:
+    """The candidate as a config file in `folder` (beside its config_common.sh), written under
+    a temporary name and renamed."""
+    from bertperf.formats.files import atomic_output
+    from bertperf.mlperf.rcp import point_for
+
+    if not (folder / "config_common.sh").is_file():
+        raise UserError(f"--write {folder}: no config_common.sh there (write into the "
+                        "checkout's root, whose config files it sources)")
+    path = folder / config_name(system, nodes, fabric.gpus_per_node, c)
+    if path.exists() and not force:
+        raise UserError(f"{path}: exists (--force overwrites it)")
+    point = point_for(c.global_batch)
+    unit = "rows" if c.layout == "packed" else "sequences"
+    walltime = math.ceil(2 * c.seconds / 60) + 5
+    lines = [
+        "# shellcheck shell=bash",
+        f"# {nodes} node(s) x {fabric.gpus_per_node} {gpu} x {c.batch} {unit} x "
+        f"{c.accumulation} accumulation = global batch {c.global_batch}"
+        f"{f' ({PACKING_FACTOR} sequences a row)' if c.layout == 'packed' else ''}.",
+        f"# Written by `{command}` on {datetime.date.today()}: the {c.division} division's fastest "
+        f"candidate, predicted {_duration(c.seconds)} to train",
+        "# (a model, not a measurement). Hyperparameters: the ruleset 5.0.0 RCP row BS "
+        f"{c.global_batch}. WALLTIME: twice the prediction + 5 min a run.",
+        f"export DGXNNODES={nodes}",
+        f"export DGXNGPU={fabric.gpus_per_node}",
+        f'export SUBMISSION_PLATFORM="${{DGXNNODES}}x{gpu}"',
+        "# shellcheck source=config_common.sh",
+        'source "$(dirname "${BASH_SOURCE[0]}")/config_common.sh"',
+        "",
+        f': "${{DATADIR_PHASE2:=/raid/datasets/bert/{"packed" if c.layout == "packed" else "unpadded"}}}"',
+        "export DATADIR_PHASE2",
+    ]
+    if c.layout == "packed":
+        lines += ["export LAYOUT=packed", f"export PACKING_FACTOR={PACKING_FACTOR}"]
+    if precision == "fp8":
+        lines += ["export FP8=1"]
+    if c.division == OPEN:
+        lines += ["export SUBMISSION_DIVISION=open", f"export GRAD_COMM={c.grad_comm}"]
+    if c.sharded:
+        lines += ["export SHARDED_LAMB=1"]
+    limit = math.ceil(1.5 * max(point.samples_to_converge) / 100_000) * 100_000
+    lines += [
+        "",
+        f"export BATCHSIZE={c.batch}",
+        f"export GRADIENT_STEPS={c.accumulation}",
+        f"export LR={point.lr}",
+        f"export MAX_STEPS={point.max_steps}",
+        f"export WARMUP_STEPS={_number(point.warmup_steps)}",
+        f"export START_WARMUP_STEP={_number(point.start_warmup_step)}",
+        f"export OPT_LAMB_BETA_1={point.beta1}",
+        f"export OPT_LAMB_BETA_2={point.beta2}",
+        f"export WEIGHT_DECAY_RATE={point.weight_decay}",
+        f"export MAX_SAMPLES_TERMINATION={limit}",
+        "",
+        ': "${NEXP:=10}"',
+        f"WALLTIME_MINUTES={walltime}",
+        "export WALLTIME=$(( NEXP * WALLTIME_MINUTES + 5 ))",
+    ]
+    with atomic_output(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value == int(value) else str(value)

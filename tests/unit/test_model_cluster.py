@@ -1,0 +1,234 @@
+"""perfmodel/cluster.py (time to train at any scale), its held-out validation against the
+published results (`model validate`) and `plan`: each term on known inputs, the fit recovering
+known overheads, the validation table's claims, and the configs `plan` writes."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from bertperf.__main__ import main
+from bertperf.errors import UserError
+from bertperf.perfmodel import cluster, plan, results, validate
+from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.xdist_group("model_cluster")  # the fits are cached per worker
+
+DGX_A100 = cluster.FABRICS["dgx-a100"]
+NO_OVERHEADS = cluster.Overheads(0.0, 0.0, 0.0)
+
+
+def shape(nodes: int = 1, batch: int = 48, fabric: cluster.Fabric = DGX_A100, blocks: int = 1,
+          **kw):
+    return cluster.Shape("A100 80GB SXM", nodes, fabric, batch, 1, 1.0, blocks, **kw)
+
+
+def test_parameters_are_bert_larges():
+    assert cluster.PARAMETERS == cluster.counted_parameters()
+
+
+def test_collectives_on_known_inputs():
+    m, b, a = 1e9, 1e10, 1e-5
+    assert cluster.ring(m, 4, b, a) == pytest.approx(6 * a + 1.5 * m / b)
+    assert cluster.tree(m, 4, b, a) == pytest.approx(4 * a + 2 * m / b)
+    assert cluster.sharp(m, 4, b, a) == pytest.approx(2 * a + m / b)
+    assert cluster.scatter(m, 4, b, a) == pytest.approx(3 * a + 0.75 * m / b)
+    assert cluster.ring(m, 1, b, a) == cluster.sharp(m, 1, b, a) == 0
+
+
+def test_distributed_lamb_traffic_by_fabric():
+    grads = cluster.PARAMETERS * 2
+    one = cluster.communication(shape(1))
+    assert one["reduce across nodes"] == 0
+    assert one["reduce in node"] == pytest.approx(cluster.scatter(grads, 8, 300e9, 3.4e-6))
+    assert one["gather in node"] == one["reduce in node"]
+    sharp = cluster.communication(shape(64))["reduce across nodes"]
+    plain = cluster.communication(shape(64, fabric=replace(DGX_A100, sharp=False)))
+    # SHARP sends each GPU's 1/8 once up and once down: half a ring's bytes on the NICs
+    assert sharp == pytest.approx(2 * 9.6e-6 + grads / 8 / 25e9)
+    assert plain["reduce across nodes"] > 1.9 * sharp
+    # the whole job on one NVLink domain (an NVL72 rack): no NIC crossed
+    nvl = cluster.FABRICS["gb200-nvl72"]
+    inside = cluster.Shape("GB200 186GB", 16, nvl, 36, 1, 2.0, 1)
+    assert cluster.communication(inside)["reduce across nodes"] == pytest.approx(
+        cluster.ring(grads / 4, 16, 900e9, 3.4e-6))
+    racks = replace(inside, nodes=128)
+    assert cluster.communication(racks)["reduce across nodes"] > \
+        cluster.ring(grads / 4, 128, 900e9, 3.4e-6)
+
+
+def test_optimizer_share_and_overlap():
+    full = cluster.optimizer_seconds(shape(8, optimizer_share=1.0))
+    assert cluster.optimizer_seconds(shape(8)) == pytest.approx(full / 8)  # DistributedFusedLAMB
+    assert cluster.optimizer_seconds(shape(8, optimizer_share=1 / 64)) == pytest.approx(full / 64)
+    rate = 300.0
+    exposed = cluster.step_terms(shape(64, batch=3), rate, NO_OVERHEADS)
+    hidden = cluster.step_terms(shape(64, batch=3, blocks=5), rate, NO_OVERHEADS)
+    backward = (1 - cluster.FORWARD_SHARE) * 3 / rate
+    reductions = exposed["reduce in node"] + exposed["reduce across nodes"]
+    assert hidden["reduce in node"] + hidden["reduce across nodes"] == pytest.approx(
+        reductions - min(0.8 * reductions, backward))
+    assert hidden["gather in node"] == exposed["gather in node"]  # after the step: never hidden
+
+
+def test_fixed_work_scales_with_the_gpu_and_evals_with_the_share():
+    over = cluster.Overheads(seconds=2e-3, sequences=4.0, run=1.0)
+    slow, fast = (cluster.step_terms(shape(8), r, over)["fixed"] for r in (300.0, 900.0))
+    assert slow == pytest.approx(2e-3 + 4 / 300) and fast == pytest.approx(2e-3 + 4 / 900)
+    # 3,472 GPUs: 3 eval samples each, one batch, padded to 512 tokens
+    big = cluster.Shape("H100 80GB SXM", 434, cluster.FABRICS["dgx-h100"], 2, 1, 2.0, 5)
+    assert cluster.eval_seconds(big, 1000.0, over) == pytest.approx(
+        cluster.FORWARD_SHARE * ((3 * 512 / cluster.MEAN_LENGTH + 4) / 1000 + 2e-3))
+    eight = cluster.eval_seconds(shape(1), 1000.0, over)  # 1,250 samples: 79 batches of 16
+    assert eight == pytest.approx(cluster.FORWARD_SHARE * (
+        (1250 * 512 / cluster.MEAN_LENGTH + 79 * 4) / 1000 + 79 * 2e-3))
+
+
+def test_time_to_train_adds_its_terms_and_the_rate_inverts_it():
+    over = cluster.Overheads(3e-3, 2.0, 0.5)
+    s = shape(16, batch=24)
+    p = cluster.predict(s, 350.0, over, 2.7e6, 18)
+    steps = 2.7e6 / s.global_batch
+    assert p.seconds == pytest.approx(
+        steps * sum(cluster.step_terms(s, 350.0, over).values())
+        + 18 * cluster.eval_seconds(s, 350.0, over) + 0.5)
+    assert cluster.calibrated_rate(s, over, 2.7e6, 18, p.seconds) == pytest.approx(350, rel=1e-6)
+    assert math.isnan(cluster.calibrated_rate(s, over, 2.7e6, 18, 0.4))
+
+
+def test_the_fit_recovers_overheads_the_rows_were_made_with():
+    """Rows whose times the model itself gives with known overheads: the fit finds them."""
+    rows = [r for r in results.load_results() if r.organization == "NVIDIA"
+            and r.gpu == "A100 80GB SXM"]
+    calibrations = validate.calibration_rows(rows)
+    truth = cluster.Overheads(4e-3, 6.0, 1.5)
+    made = []
+    for r in rows:
+        p = validate.predict_row(r, calibrations, truth)
+        if p is not None and r.gpus > 8:
+            made.append(replace(r, minutes=p.seconds / 60))
+    assert len(made) >= 5
+    got = validate.fit(made, calibrations)
+    assert validate.error(made, calibrations, got) < 1e-4
+    assert got.seconds == pytest.approx(truth.seconds, abs=0.5e-3)
+    assert got.run == pytest.approx(truth.run, abs=0.5)
+
+
+@pytest.fixture(scope="module")
+def judged():
+    return validate.judge(results.load_results(), "generation")
+
+
+MISSES = {  # held-out rows outside 15 % (docs/performance.md gives the reasons)
+    "v1.1 Dell 2xXE8545x4A100-SXM-80GB", "v1.1 GIGABYTE G492-ID0_A100_20211013.pytorch",
+    "v2.0 Dell 2xXE8545x4A100-SXM-80GB", "v2.0 Dell 4xXE8545x4A100-SXM-80GB",
+    "v2.1 Azure-HazyResearch ND96amsr_A100_v4_n16_pytorch",
+    "v3.0 NVIDIA dgxh100_n96_ngc23.04_pytorch",
+    "v3.1 Lenovo SR675v3-8xH100_PCIe_80GB_350W", "v5.0 NVIDIA tyche_ngpu512_ngc25.04_pytorch",
+}
+
+
+def test_validation_held_out_rows_are_within_tolerance_but_the_listed(judged):
+    sides = {j.side for j in judged}
+    assert sides == {"calibration", "fit", "held-out", "unseen"}
+    held = [j for j in judged if j.side == "held-out"]
+    assert len(held) >= 60
+    outside = {validate.label(j.row) for j in held if abs(j.ratio - 1) > validate.TOLERANCE}
+    assert outside == MISSES
+    # every GPU generation is judged, and NVIDIA's largest H100 runs among them
+    assert {j.row.gpu.split()[0] for j in held} >= {"H100", "H200", "B200", "GB200"}
+    eos = next(j for j in held if j.row.system.startswith("eos_n434"))
+    assert abs(eos.ratio - 1) <= validate.TOLERANCE and eos.row.gpus == 3472
+    fitted = [j for j in judged if j.side == "fit"]
+    assert all(j.row.organization == "NVIDIA" and j.row.gpu.startswith("A100") for j in fitted)
+    assert all(abs(j.ratio - 1) <= validate.TOLERANCE for j in fitted)
+
+
+def test_every_unseen_row_says_why(judged):
+    unseen = [j for j in judged if j.side == "unseen"]
+    assert unseen and all(j.fitted_on for j in unseen)
+    assert {j.row.organization for j in unseen if "open division" in j.fitted_on} == {"Samsung"}
+
+
+def test_validate_command_prints_the_table(capsys, tmp_path):
+    png = tmp_path / "validation.png"
+    assert main(["model", "validate", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "overheads fitted on NVIDIA's A100 rows" in out
+    assert out.count("| held-out |") >= 60 and "held out: " in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["model", "validate", "--split", "random"]) == 1
+    assert "--split 'random'" in capsys.readouterr().err
+
+
+# ---- plan ---------------------------------------------------------------------------------------
+
+def test_plan_matches_nvidias_own_configuration_and_row():
+    """NVIDIA's 8 x DGX A100 config (48 sequences a GPU, global batch 3,072): plan lists it, and
+    at the samples that run trained predicts the published time within 15 %."""
+    rows = results.load_results()
+    calibrations, over = validate.fitted(rows)
+    published = next(r for r in rows if (r.round, r.organization, r.gpus, r.global_batch)
+                     == ("v2.1", "NVIDIA", 64, 3072))
+    rate, _ = plan.rate("A100 80GB SXM", "bf16", rows, calibrations, over)
+    found = plan.candidates("A100 80GB SXM", 8, DGX_A100, rate, over, ("closed",),
+                            samples=published.samples)
+    theirs = next(c for c in found if (c.global_batch, c.layout, c.batch, c.accumulation,
+                                       c.sharded) == (3072, "varlen", 48, 1, False))
+    assert theirs.seconds / (published.minutes * 60) == pytest.approx(1, abs=0.15)
+    assert {c.division for c in found} == {"closed"}
+    assert all(c.global_batch % 64 == 0 for c in found)
+
+
+def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys):
+    (tmp_path / "config_common.sh").write_text((ROOT / "config_common.sh").read_text())
+    argv = ["plan", "--gpu", "A100 80GB SXM", "--gpus", "64", "--write", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fastest closed" in out and "fastest open" in out
+    written = sorted(tmp_path.glob("config_A100_8x8x*.sh"))
+    assert len(written) == 2 and sum("_open" in p.name for p in written) == 1
+    for path in written:
+        env = subprocess.run(["bash", "-c", 'set -a; source "$0" >/dev/null; env -0', str(path)],
+                             capture_output=True, check=True).stdout.decode()
+        env = dict(item.split("=", 1) for item in env.split("\0") if "=" in item)
+        rows = 64 * int(env["BATCHSIZE"]) * int(env["GRADIENT_STEPS"])
+        gbs = rows * (int(env["PACKING_FACTOR"]) if env.get("LAYOUT") == "packed" else 1)
+        from bertperf.mlperf.rcp import point_for
+        assert float(env["LR"]) == point_for(gbs).lr
+        assert (env.get("SUBMISSION_DIVISION") == "open") == ("_open" in path.name)
+    assert main(argv) == 1  # the files exist now
+    assert "exists (--force overwrites it)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpu", "A200", "--gpus", "8"], "--gpu 'A200'"),
+    (["--gpu", "A100 80GB SXM", "--gpus", "12"], "not a whole number of nodes of 8"),
+    (["--gpu", "A100 80GB SXM", "--gpus", "8", "--network", "custom"], "needs --nic-gbit"),
+    (["--gpu", "A100 80GB SXM", "--gpus", "8", "--network", "token-ring"], "--network"),
+    (["--gpu", "H100 80GB PCIe", "--gpus", "8"], "no calibration for H100 80GB PCIe at fp16"),
+    (["--gpu", "A100 80GB SXM", "--gpus", "8", "--write", "/"], "no config_common.sh"),
+])
+def test_plan_bad_input_is_one_line(flags, message, capsys):
+    assert main(["plan", *flags]) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_prices_a_commodity_cluster():
+    rows = results.load_results()
+    calibrations, over = validate.fitted(rows)
+    rate, source = plan.rate("V100 32GB", "bf16", rows, calibrations, over)
+    assert "DeepLearningExamples" in source
+    slow = plan.candidates("V100 32GB", 4, cluster.FABRICS["pcie-10gbe"], rate, over,
+                           ("closed", "open"))
+    fast = plan.candidates("V100 32GB", 4, cluster.FABRICS["pcie-100gbe"], rate, over,
+                           ("closed", "open"))
+    assert min(c.seconds for c in slow) > min(c.seconds for c in fast)
+    closed = next(c for c in slow if c.division == "closed")
+    assert closed.prediction.dominant in ("reduce across nodes", "compute")
+    with pytest.raises(UserError):
+        plan.rate("A100 40GB SXM", "bf16", rows, calibrations, over)
