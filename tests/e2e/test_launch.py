@@ -145,6 +145,36 @@ def test_every_config_passes_check(tmp_path):
         list(pool.map(check, sorted(ROOT.glob("config_*x*.sh"))))
 
 
+def test_plan_configs_pass_check(tmp_path):
+    """`plan --write` configs (closed and open, varlen or packed) pass `run_and_time.sh --check`
+    as the checkout's own configs do: the whole job of 64 ranks."""
+    from bertperf.__main__ import main
+
+    data = make_dataset(tmp_path / "data", n_train=16)
+    packed = packed_copy(data, tmp_path / "packed")
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "config_common.sh").write_text((ROOT / "config_common.sh").read_text())
+    assert main(["plan", "--gpu", "A100 80GB SXM", "--gpus", "64", "--write", str(folder)]) == 0
+    assert main(["plan", "--gpu", "H100 80GB SXM", "--gpus", "16", "--network", "dgx-h100",
+                 "--precision", "fp8", "--division", "closed", "--write", str(folder)]) == 0
+    written = sorted(folder.glob("config_*x*.sh"))
+    assert len(written) == 3
+    for path in written:
+        env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS},
+               **config_env(path)}
+        rows = env.get("LAYOUT") == "packed"
+        env.update(DATADIR_PHASE2=(packed if rows else data)["DATADIR_PHASE2"],
+                   EVAL_FILE=data["EVAL_FILE"], PYTHON=sys.executable)
+        env.pop("INIT_CHECKPOINT", None)
+        if env.get("FP8") == "1":  # FP8=1 needs an sm_89+ GPU: the CPU's emulation checks the rest
+            env["FP8"] = "emulate"
+        run = run_and_time(env, tmp_path, "--check")
+        assert run.returncode == 0, f"{path.name}: {run.stderr}"
+        world = int(env["DGXNNODES"]) * int(env["DGXNGPU"])
+        assert f"({world} ranks" in run.stdout, path.name
+
+
 def test_cluster_configs_use_their_rcp_row():
     """Hyperparameters of every config_DGX*.sh = the ruleset 5.0.0 RCP row of its global batch
     (the eval cadence is the trainer's default, MLPerf's formula: tests/unit/test_scripts.py)."""

@@ -278,15 +278,15 @@ def plot(judged: list[Judged], path: Path, split: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 6.0))
     marks = {"fit": "o", "held-out": "s"}
-    gpus = sorted({j.row.gpu for j in judged})
+    gpus = sorted({j.row.gpu for j in judged if j.prediction is not None})
     colors = dict(zip(gpus, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for j in judged:
         if j.prediction is None:
             continue
         ax.scatter(j.row.minutes, j.prediction.seconds / 60, marker=marks[j.side],
                    color=colors[j.row.gpu], s=28, edgecolors="black", linewidths=0.4)
-    low = min(j.row.minutes for j in judged) / 1.5
-    high = max(j.row.minutes for j in judged) * 1.5
+    low = min(j.row.minutes for j in judged if j.prediction is not None) / 1.5
+    high = max(j.row.minutes for j in judged if j.prediction is not None) * 1.5
     ax.plot([low, high], [low, high], color="black", linewidth=0.8)
     for k in (1 - TOLERANCE, 1 + TOLERANCE):
         ax.plot([low, high], [low * k, high * k], color="grey", linewidth=0.6, linestyle="--")
