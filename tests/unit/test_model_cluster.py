@@ -211,6 +211,8 @@ def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys):
     (["--gpu", "A100 80GB SXM", "--gpus", "8", "--network", "token-ring"], "--network"),
     (["--gpu", "H100 80GB PCIe", "--gpus", "8"], "no calibration for H100 80GB PCIe at fp16"),
     (["--gpu", "A100 80GB SXM", "--gpus", "8", "--write", "/"], "no config_common.sh"),
+    (["--gpu", "A100 80GB SXM", "--gpus", "8", "--samples", "5"], "--samples needs --global"),
+    (["--gpu", "A100 80GB SXM", "--gpus", "512", "--global-batch", "448"], "global batch 448"),
 ])
 def test_plan_bad_input_is_one_line(flags, message, capsys):
     assert main(["plan", *flags]) == 1

@@ -4,10 +4,11 @@ overheads `model validate` fits: a model, not a measurement), the fastest of the
 the open division marked; --write writes them as config_<SYSTEM>_<n>x<g>x<b>x<a>.sh files that
 `run_and_time.sh --check` takes.
 
-Candidates: every global batch of MLPerf's RCP table the GPUs divide, varlen (sequences) and
-packed (rows of PACKING_FACTOR sequences), the largest micro-batch the GPU's memory holds
-(MAX_BATCH scaled by memory) and the fewest micro-batches a step; SHARDED_LAMB 0 and 1; in the
-open division also GRAD_COMM bf16 and fp16. Samples to converge: the RCP row's mean (open modes
+Candidates: every global batch of MLPerf's RCP table the GPUs divide (or --global-batch), varlen
+(sequences) and packed (rows of PACKING_FACTOR sequences; where both divide, the model prices
+them the same and lists varlen), the largest micro-batch the GPU's memory holds (MAX_BATCH
+scaled by memory) and the fewest micro-batches a step; SHARDED_LAMB 0 and 1; in the open
+division also GRAD_COMM bf16. Samples to converge: the RCP row's mean (open modes
 times model scale's SAMPLES_FACTOR). The trainer's own traffic: fp32 gradients all-reduced in
 DDP's buckets (bf16/fp16: half the bytes), the replicated LAMB step on every GPU, or with
 SHARDED_LAMB the gradients reduce-scattered after the backward and 1/(N G) of LAMB a GPU. A GPU's
@@ -33,9 +34,9 @@ MAX_BATCH = {"varlen": 56, "packed": 48}
 """The largest micro-batch a GPU with 80 GB trains (sequences; packed: rows): NVIDIA's A100 and
 H100 single-node configs; scaled by the GPU's memory."""
 PACKING_FACTOR = 2
-OPEN_COMMS = ("bf16", "fp16")
-"""GRAD_COMM modes `plan` prices beside allreduce in the open division (PowerSGD and local SGD:
-`model scale --cluster commodity`)."""
+OPEN_COMMS = ("bf16",)
+"""GRAD_COMM modes `plan` prices beside allreduce in the open division: bf16 (fp16 moves the same
+bytes and prices the same; PowerSGD and local SGD: `model scale --cluster commodity`)."""
 PRECISIONS = {"bf16": "fp16", "fp8": "fp8"}
 """PRECISION the config trains in -> the calibration it is priced on (16-bit: NVIDIA's fp16)."""
 LATEST_ROUND = "v5.0"
@@ -94,8 +95,9 @@ def split(per_gpu: int, largest: int) -> tuple[int, int] | None:
 
 def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
                over: cluster.Overheads, divisions: tuple[str, ...],
-               samples: float | None = None) -> list[Candidate]:
-    """Every configuration of the module docstring on this cluster, priced."""
+               samples: float | None = None, global_batch: int | None = None) -> list[Candidate]:
+    """Every configuration of the module docstring on this cluster (at `global_batch` only, if
+    given, trained for `samples`, if given), priced."""
     from bertperf.config import reference_eval_interval
     from bertperf.mlperf.rcp import reference_points
     from bertperf.perfmodel import scale
@@ -105,6 +107,8 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
     buckets = len(scale.gradient_buckets())
     out = []
     for point in reference_points():
+        if global_batch is not None and point.bs != global_batch:
+            continue
         for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR)):
             rows, left = divmod(point.bs, packing * gpus)
             if left or not rows:
@@ -128,7 +132,14 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
                 out.append(Candidate(division, layout, point.bs, batch, accumulation, mode,
                                      sharded, trained,
                                      cluster.predict(shape, rate_, over, trained, evals)))
-    return sorted(out, key=lambda c: c.seconds)
+    seen, unique = set(), []
+    for c in out:  # packed rows price as varlen sequences: keep the first of equal candidates
+        key = (c.division, c.global_batch, c.grad_comm, c.sharded, c.batch * (
+            PACKING_FACTOR if c.layout == "packed" else 1), c.accumulation)
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    return sorted(unique, key=lambda c: c.seconds)
 
 
 def fabric_of(args: argparse.Namespace) -> cluster.Fabric:
@@ -183,8 +194,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="custom: microseconds a step of a ring on the network (default NCCL's)")
     p.add_argument("--precision", default="bf16", help="bf16 (default) or fp8 (FP8=1)")
     p.add_argument("--division", default="both", help="closed, open or both (default)")
+    p.add_argument("--global-batch", default=None,
+                   help="only this global batch (an RCP row's)")
     p.add_argument("--samples", default=None,
-                   help="samples to converge (default: the RCP row's mean for each batch)")
+                   help="with --global-batch: samples to converge (default: its RCP row's mean), "
+                        "e.g. a published run's, to compare with it")
     p.add_argument("--top", default="12", help="candidates printed (default 12)")
     p.add_argument("--system", default=None,
                    help="the SYSTEM of the config files' names (default: from the GPU)")
@@ -211,14 +225,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus {args.gpus}: not a whole number of nodes of "
                         f"{fabric.gpus_per_node} GPUs (--gpus-per-node)")
     samples = None if args.samples is None else _positive("samples", args.samples)
+    batch = None if args.global_batch is None else int(_positive("global-batch",
+                                                                  args.global_batch))
+    if samples is not None and batch is None:
+        raise UserError("--samples needs --global-batch: every batch converges in its own "
+                        "samples")
     top = int(_positive("top", args.top))
     rows = results.load_results()
     calibrations, over = validate.fitted(rows)
     rate_, source = rate(args.gpu, args.precision, rows, calibrations, over)
-    found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples)
+    found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples, batch)
     if not found:
-        raise UserError(f"{gpus} GPUs divide none of the RCP table's global batches into whole "
-                        "micro-batches: try another --gpus")
+        which = f"global batch {batch}" if batch else "the RCP table's global batches"
+        raise UserError(f"{gpus} GPUs divide none of {which} into whole micro-batches (RCP "
+                        "rows: mlperf/rcp.py): try another --gpus")
     fastest = {d: next((c for c in found if c.division == d), None) for d in divisions}
     command = " ".join(["python -m bertperf", *sys.argv[1:]])
     print(f"PLAN (a model, not a measurement): `{command}`, {datetime.date.today()}")
