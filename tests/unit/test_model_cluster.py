@@ -9,10 +9,10 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-
 from bertperf.__main__ import main
 from bertperf.errors import UserError
 from bertperf.perfmodel import cluster, plan, results, validate
+
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.xdist_group("model_cluster")  # the fits are cached per worker

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -115,7 +114,7 @@ def test_a_config_file_run():
     run = scale.config_run(ROOT / "config_DGXA100_8x8x48x1.sh")
     assert (run.gpus, run.batch, run.global_batch, run.eval_interval) == (64, 48, 3072, 175_000)
     assert run.samples == pytest.approx(2_768_215, rel=1e-3)  # the RCP row's mean
-    assert run.published is not None and run.published.minutes == 2.942
+    assert run.published is not None and run.published.minutes == 2.497  # v2.1's, the latest
     assert scale.config_run(ROOT / "config_DGXA100_16x8x36x1.sh").published is None
 
 
@@ -179,7 +178,7 @@ def test_cli_prints_the_table(given_compute, capsys):
             assert number(row["predicted / published"]) == pytest.approx(  # 0.1 min rounded
                 seconds(row["predicted time to train"]) / seconds(row["published"]), rel=0.05)
     ours = by_config["config_DGXA100_1x8x56x1.sh"]
-    assert seconds(ours["published"]) == pytest.approx(18.4 * 60)  # v2.0 NVIDIA 1xDGX A100
+    assert seconds(ours["published"]) == pytest.approx(16.9 * 60)  # v2.1 NVIDIA 1xDGX A100
     for published in scale.load_published():
         (row,) = [r for name, r in by_config.items() if name.startswith(published.label + " (")]
         assert row["published"].endswith(f"({published.source})")
@@ -218,48 +217,42 @@ def test_without_configs_here_it_says_where_it_looked(given_compute, tmp_path, m
     assert str(tmp_path) in err and "--configs" in err
 
 
-def test_published_results_load_with_their_sources():
-    """The package's table of published results (installed with it): every row names the
-    mlcommons result folder it comes from, and the model's own configs find theirs."""
+def test_published_results_come_from_the_results_table():
+    """The published results beside the configs are results.csv's NVIDIA and Samsung DGX A100
+    rows (recomputed from their logs), each naming its result folder."""
+    from bertperf.perfmodel import results
+
     published = scale.load_published()
-    assert scale.PUBLISHED.parent == Path(scale.__file__).parent
-    assert len(published) >= 5
+    assert len(published) >= 10
+    table = {(r.round, r.organization, r.system): r for r in results.load_results()}
     for p in published:
-        assert re.fullmatch(r"v\d\.\d:[A-Za-z]+/results/\S+", p.source), p.source
-        assert p.division in ("closed", "open") and p.minutes > 0 and p.samples > 0
+        m = re.fullmatch(r"(v\d\.\d):([A-Za-z]+)/results/(\S+)", p.source)
+        assert m, p.source
+        row = table[m.groups()]
+        assert (p.minutes, p.samples, p.global_batch, p.nodes, p.division) == \
+            (row.minutes, row.samples, row.global_batch, row.nodes, row.division)
     v20 = {p.label: p for p in published}["v2.0 NVIDIA 1xDGX A100"]
     assert (v20.nodes, v20.batch, v20.packed, v20.global_batch, v20.minutes) == \
         (1, 56, False, 448, 18.442)
     assert v20.source == "v2.0:NVIDIA/results/dgxa100_ngc22.04_pytorch"
+    samsung = {p.label: p for p in published}["v1.1 Samsung 128xDGX A100"]
+    assert (samsung.division, samsung.eval_interval) == ("open", 325_000)
 
 
-GOOD = scale.PUBLISHED.read_text().splitlines()
+def test_a_malformed_results_table_is_one_line(given_compute, tmp_path, capsys, monkeypatch):
+    """A bad cell in the results table: `model scale` stops with results' one line naming the
+    file, the line and the column."""
+    from bertperf.perfmodel import results
 
-
-@pytest.mark.parametrize("lines, where", [
-    (["label,source"] + GOOD[1:], "line 1"),
-    ([], "line 1"),
-    (GOOD[:2] + [GOOD[2].rsplit(",", 1)[0]], "line 3"),
-    (GOOD[:2] + [GOOD[2].replace(",closed,", ",closd,")], "line 3: division 'closd'"),
-    (GOOD[:2] + [GOOD[2].replace(",no,", ",maybe,")], "line 3: packed 'maybe'"),
-    (GOOD[:2] + [GOOD[2].replace(",2.942,", ",fast,")], "line 3: minutes 'fast'"),
-    (GOOD[:2] + [GOOD[2].replace(",3072,", ",-3072,")], "line 3: global_batch '-3072'"),
-    (GOOD[:2] + [",".join(["", *GOOD[2].split(",")[1:]])], "line 3: label ''"),
-])
-def test_a_malformed_published_table_is_one_line(given_compute, tmp_path, capsys, monkeypatch,
-                                                 lines, where):
-    """A bad header, a row of the wrong length, a value of the wrong kind: one line naming the
-    file, the line and the column, and the command stops."""
-    table = tmp_path / "published.csv"
-    table.write_text("\n".join(lines) + "\n")
-    with pytest.raises(UserError) as exc:
-        scale.load_published(table)
-    assert str(exc.value).startswith(f"{table}: {where}")
+    lines = results.RESULTS.read_text().splitlines()
+    table = tmp_path / "results.csv"
+    table.write_text("\n".join(lines[:2] + [lines[2].replace(",closed,", ",closd,")]) + "\n")
     load = scale.load_published
     monkeypatch.setattr(scale, "load_published", lambda: load(table))
     assert main(["model", "scale"]) == 1
     err = capsys.readouterr().err
-    assert err.splitlines() == [f"bertperf: error: {exc.value}"]
+    assert err.splitlines() == [f"bertperf: error: {table}: line 3: division 'closd' is not "
+                                "one of closed, open"]
 
 
 @pytest.mark.slow

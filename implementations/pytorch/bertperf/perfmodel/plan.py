@@ -300,13 +300,13 @@ def write_config(folder: Path, system: str, gpu: str, nodes: int, fabric: cluste
     walltime = math.ceil(2 * c.seconds / 60) + 5
     lines = [
         "# shellcheck shell=bash",
-        f"# {nodes} node(s) x {fabric.gpus_per_node} {gpu} x {c.batch} {unit} x "
-        f"{c.accumulation} accumulation = global batch {c.global_batch}"
-        f"{f' ({PACKING_FACTOR} sequences a row)' if c.layout == 'packed' else ''}.",
-        f"# Written by `{command}` on {datetime.date.today()}: the {c.division} division's fastest "
-        f"candidate, predicted {_duration(c.seconds)} to train",
-        "# (a model, not a measurement). Hyperparameters: the ruleset 5.0.0 RCP row BS "
-        f"{c.global_batch}. WALLTIME: twice the prediction + 5 min a run.",
+        (f"# {nodes} node(s) x {fabric.gpus_per_node} {gpu} x {c.batch} {unit} x "
+         f"{c.accumulation} accumulation = global batch {c.global_batch}"
+         f"{f' ({PACKING_FACTOR} sequences a row)' if c.layout == 'packed' else ''}."),
+        (f"# Written by `{command}` on {datetime.date.today()}: the {c.division} division's "
+         f"fastest candidate, predicted {_duration(c.seconds)} to train"),
+        ("# (a model, not a measurement). Hyperparameters: the ruleset 5.0.0 RCP row BS "
+         f"{c.global_batch}. WALLTIME: twice the prediction + 5 min a run."),
         f"export DGXNNODES={nodes}",
         f"export DGXNGPU={fabric.gpus_per_node}",
         f'export SUBMISSION_PLATFORM="${{DGXNNODES}}x{gpu}"',

@@ -70,7 +70,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from bertperf.benchmark import DIVISIONS, EVAL_SAMPLES
+from bertperf.benchmark import EVAL_SAMPLES
 from bertperf.config import GRAD_COMMS as MODES, reference_eval_interval
 from bertperf.errors import UserError
 from bertperf.perfmodel import CALIBRATION_TOLERANCE as TOLERANCE
@@ -298,13 +298,12 @@ class Run:
 
 @dataclass(frozen=True)
 class Published:
-    """An MLPerf result: olympic mean of its 10 runs and their mean samples trained, recomputed
-    from the result logs in mlcommons/training_results_v1.1, v2.0 and v2.1 (`source` names the
-    folder). A row of PUBLISHED."""
+    """A published MLPerf result beside the configs: a row of perfmodel/results.csv (recomputed
+    from its logs by `model results`: the olympic mean of its runs, their mean samples)."""
 
     label: str
     source: str
-    """mlcommons/training_results_<round>:<folder of result_*.txt>."""
+    """<round>:<organization>/results/<system> (results.csv's source names the snapshot)."""
     division: str
     nodes: int
     batch: int
@@ -315,54 +314,25 @@ class Published:
     eval_interval: int
 
 
-PUBLISHED = Path(__file__).with_name("published.csv")
-"""The published results (load_published), one a row, the fields of Published as columns.
-NVIDIA's packed 1,024-GPU run: 2 rows a GPU counted as 2 sequences each (its
---average_packing_rate); Samsung's runs: Adam, not LAMB (open division), eval every 325,000
-samples (their config); the others MLPerf's cadence."""
+SCALE_RESULTS = ("NVIDIA", "Samsung")
+"""Whose DGX A100 results (8 A100 80GB SXM a node) `model scale` puts beside its configs:
+NVIDIA's own, and Samsung's (open division: Adam, not LAMB; its own code). NVIDIA's packed runs
+count 2 sequences a row (its --average_packing_rate). A result whose logs give no eval interval
+(v1.x) gets MLPerf's cadence for its batch, which Samsung's config also sets (325,000)."""
 
 
-def _above_zero(value: float) -> bool:
-    return 0 < value < math.inf
+def load_published(path: Path | None = None) -> list[Published]:
+    """The SCALE_RESULTS rows of the results table (`path`, default the package's), oldest
+    round first; a UserError naming the line and column of what is malformed."""
+    from bertperf.perfmodel import results
 
-
-_COLUMNS = {  # column: (parser, test, what it must be)
-    "label": (str, bool, "a name"), "source": (str, bool, "a result folder"),
-    "division": (str, DIVISIONS.__contains__, f"one of {', '.join(DIVISIONS)}"),
-    "nodes": (int, _above_zero, "a whole number > 0"),
-    "batch": (int, _above_zero, "a whole number > 0"),
-    "packed": ({"yes": True, "no": False}.__getitem__, lambda v: True, "yes or no"),
-    "global_batch": (int, _above_zero, "a whole number > 0"),
-    "minutes": (float, _above_zero, "> 0"),
-    "samples": (int, _above_zero, "a whole number > 0"),
-    "eval_interval": (int, _above_zero, "a whole number > 0"),
-}
-
-
-def load_published(path: Path = PUBLISHED) -> list[Published]:
-    """The results of a published-results table; a UserError naming the line and the column of
-    what is malformed."""
-    import csv
-
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows or rows[0] != list(_COLUMNS):
-        raise UserError(f"{path}: line 1 must name the columns {','.join(_COLUMNS)}")
-    out = []
-    for line, row in enumerate(rows[1:], 2):
-        if len(row) != len(_COLUMNS):
-            raise UserError(f"{path}: line {line} has {len(row)} cells, not {len(_COLUMNS)}")
-        values = {}
-        for (name, (parse, test, what)), text in zip(_COLUMNS.items(), row):
-            try:
-                values[name] = parse(text)
-                good = test(values[name])
-            except (KeyError, ValueError):
-                good = False
-            if not good:
-                raise UserError(f"{path}: line {line}: {name} {text!r} is not {what}")
-        out.append(Published(**values))
-    return out
+    return [Published(f"{r.round} {r.organization} {r.nodes}xDGX A100",
+                      f"{r.round}:{r.organization}/results/{r.system}", r.division, r.nodes,
+                      r.batch, r.packed, r.global_batch, r.minutes, r.samples,
+                      r.eval_interval or reference_eval_interval(r.global_batch))
+            for r in results.load_results(path or results.RESULTS)
+            if r.organization in SCALE_RESULTS and r.gpu == "A100 80GB SXM"
+            and r.gpus_per_node == 8]
 
 
 def read_config(path: Path) -> dict[str, str]:
@@ -402,9 +372,9 @@ def config_run(path: Path) -> Run:
     if point is None:
         raise UserError(f"{path}: global batch {gbs} is not a BERT RCP row, so its samples to "
                         "converge are unknown")
-    published = next((p for p in load_published() if p.division == "closed"
+    published = next((p for p in reversed(load_published()) if p.division == "closed"
                       and p.nodes == shape.nodes and p.batch == shape.batch
-                      and p.global_batch == gbs), None)
+                      and p.global_batch == gbs), None)  # the latest round's
     return replace(shape, samples=sum(point.samples_to_converge) / len(point.samples_to_converge),
                    samples_source=f"RCP {gbs}", published=published,
                    eval_interval=number("EVAL_ITER_SAMPLES", int,
