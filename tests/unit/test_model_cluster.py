@@ -169,8 +169,7 @@ def test_validate_command_prints_the_table(capsys, tmp_path):
 def test_plan_matches_nvidias_own_configuration_and_row():
     """NVIDIA's 8 x DGX A100 config (48 sequences a GPU, global batch 3,072): plan lists it, and
     at the samples that run trained predicts the published time within 15 %."""
-    rows = results.load_results()
-    calibrations, over = validate.fitted(rows)
+    rows, calibrations, over = validate.fitted()
     published = next(r for r in rows if (r.round, r.organization, r.gpus, r.global_batch)
                      == ("v2.1", "NVIDIA", 64, 3072))
     rate, _ = plan.rate("A100 80GB SXM", "bf16", rows, calibrations, over)
@@ -221,8 +220,7 @@ def test_plan_bad_input_is_one_line(flags, message, capsys):
 
 
 def test_plan_prices_a_commodity_cluster():
-    rows = results.load_results()
-    calibrations, over = validate.fitted(rows)
+    rows, calibrations, over = validate.fitted()
     rate, source = plan.rate("V100 32GB", "bf16", rows, calibrations, over)
     assert "DeepLearningExamples" in source
     slow = plan.candidates("V100 32GB", 4, cluster.FABRICS["pcie-10gbe"], rate, over,

@@ -209,7 +209,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertperf.perfmodel import results, validate
+    from bertperf.perfmodel import validate
 
     if args.gpu not in cluster.GPUS:
         raise UserError(f"--gpu {args.gpu!r}: expected one of {', '.join(cluster.GPUS)}")
@@ -231,8 +231,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--samples needs --global-batch: every batch converges in its own "
                         "samples")
     top = int(_positive("top", args.top))
-    rows = results.load_results()
-    calibrations, over = validate.fitted(rows)
+    rows, calibrations, over = validate.fitted()
     rate_, source = rate(args.gpu, args.precision, rows, calibrations, over)
     found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples, batch)
     if not found:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import itertools
 import math
 import platform
@@ -29,7 +30,7 @@ TOLERANCE = 0.15
 """How far a held-out prediction may be from its published time."""
 SPLITS = ("generation", "round")
 FIT_GPUS = ("A100 40GB SXM", "A100 80GB SXM")
-"""--split generation: the rows the overheads are fitted on (all A100 SXM rows)."""
+"""--split generation: the GPUs of the rows the overheads are fitted on (the CALIBRATOR's)."""
 CALIBRATOR = "NVIDIA"
 """Whose single-node results calibrate a GPU's rate."""
 
@@ -207,13 +208,18 @@ def judge(rows: list, split: str) -> list[Judged]:
     return out
 
 
-def fitted(rows: list) -> tuple[dict, cluster.Overheads]:
-    """The calibrations of `rows` and the overheads fitted as --split generation fits them (on
-    the CALIBRATOR's A100 rows): the model `plan` predicts with."""
+@functools.cache
+def fitted(path: Path | None = None) -> tuple[list, dict, cluster.Overheads]:
+    """The results table's rows (`path`, default the package's), their calibrations and the
+    overheads fitted as --split generation fits them (on the CALIBRATOR's A100 rows): the model
+    `plan` predicts with, worked out once a process."""
+    from bertperf.perfmodel import results
+
+    rows = results.load_results(path or results.RESULTS)
     calibrations = calibration_rows(rows)
     calibrators = {id(c) for cs in calibrations.values() for c in cs}
-    return calibrations, fit([r for r in rows if fits(r) and id(r) not in calibrators
-                              and why(r, calibrations) is None], calibrations)
+    return rows, calibrations, fit([r for r in rows if fits(r) and id(r) not in calibrators
+                                    and why(r, calibrations) is None], calibrations)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
