@@ -146,8 +146,8 @@ def test_every_config_passes_check(tmp_path):
 
 
 def test_plan_configs_pass_check(tmp_path):
-    """`plan --write` configs (closed and open, varlen or packed) pass `run_and_time.sh --check`
-    as the checkout's own configs do: the whole job of 64 ranks."""
+    """`plan --write` configs (closed, and open with LAYERWISE; FP8) pass `run_and_time.sh
+    --check` as the checkout's own configs do: the whole job of its ranks."""
     from bertperf.__main__ import main
 
     data = make_dataset(tmp_path / "data", n_train=16)
@@ -160,6 +160,7 @@ def test_plan_configs_pass_check(tmp_path):
                  "--precision", "fp8", "--division", "closed", "--write", str(folder)]) == 0
     written = sorted(folder.glob("config_*x*.sh"))
     assert len(written) == 3
+    assert sum("LAYERWISE=" in p.read_text() for p in written) == 1  # the fastest open: MSLT
     for path in written:
         env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS},
                **config_env(path)}

@@ -99,6 +99,31 @@ def test_time_to_train_adds_its_terms_and_the_rate_inverts_it():
     assert math.isnan(cluster.calibrated_rate(s, over, 2.7e6, 18, 0.4))
 
 
+def test_a_layerwise_run_is_its_stages():
+    over = cluster.Overheads(3e-3, 2.0, 0.5)
+    s = shape(8, batch=48)
+    whole = cluster.predict(s, 350.0, over, 2.7e6, 18)
+    assert cluster.staged(s, 350.0, over, 2.7e6, 18, [(1.0, 1.0, 1.0)]).seconds == \
+        pytest.approx(whole.seconds)
+    half = cluster.staged(s, 350.0, over, 2.7e6, 18, [(0.5, 0.4, 0.4), (0.5, 1.0, 1.0)])
+    light = cluster.predict(replace(s, trained=0.4), 350.0 / 0.4, over, 1.35e6, 9)
+    assert half.seconds == pytest.approx((whole.seconds - 0.5) / 2 + light.seconds)
+    assert half.terms["compute"] == pytest.approx(
+        whole.terms["compute"] / 2 + light.terms["compute"])
+    assert half.terms["optimizer"] == pytest.approx(whole.terms["optimizer"] * (0.5 + 0.5 * 0.4))
+    assert half.terms["run"] == 0.5
+
+
+STAGES = ("new", ((0.25, 0.35, 0.40), (0.25, 0.45, 0.40), (0.50, 1.0, 1.0)))
+"""MSLT's stages as model layerwise prices them (tests/unit/test_model_layerwise.py traces
+them): given here, so that plan's tests do not trace BERT-large three times."""
+
+
+@pytest.fixture
+def given_stages(monkeypatch):
+    monkeypatch.setattr(plan, "layerwise_stages", lambda: STAGES)
+
+
 def test_the_fit_recovers_overheads_the_rows_were_made_with():
     """Rows whose times the model itself gives with known overheads: the fit finds them."""
     rows = [r for r in results.load_results() if r.organization == "NVIDIA"
@@ -182,7 +207,7 @@ def test_plan_matches_nvidias_own_configuration_and_row():
     assert all(c.global_batch % 64 == 0 for c in found)
 
 
-def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys):
+def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys, given_stages):
     (tmp_path / "config_common.sh").write_text((ROOT / "config_common.sh").read_text())
     argv = ["plan", "--gpu", "A100 80GB SXM", "--gpus", "64", "--write", str(tmp_path)]
     assert main(argv) == 0
@@ -190,6 +215,7 @@ def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys):
     assert "fastest closed" in out and "fastest open" in out
     written = sorted(tmp_path.glob("config_A100_8x8x*.sh"))
     assert len(written) == 2 and sum("_open" in p.name for p in written) == 1
+    assert sum("_mslt_open" in p.name for p in written) == 1
     for path in written:
         env = subprocess.run(["bash", "-c", 'set -a; source "$0" >/dev/null; env -0', str(path)],
                              capture_output=True, check=True).stdout.decode()
@@ -199,6 +225,13 @@ def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys):
         from bertperf.mlperf.rcp import point_for
         assert float(env["LR"]) == point_for(gbs).lr
         assert (env.get("SUBMISSION_DIVISION") == "open") == ("_open" in path.name)
+        if "_mslt" in path.name:  # the fastest open candidate: MSLT over the RCP's samples
+            stages = env["LAYERWISE"].split(",")
+            samples = sum(point_for(gbs).samples_to_converge) / len(point_for(gbs)
+                                                                    .samples_to_converge)
+            assert [s.split(":")[0] for s in stages] == ["8", "16", "24"]
+            assert int(stages[0].split(":")[1]) == round(0.25 * samples)
+            assert (env["LAYERWISE_TRAIN"], env["LAYERWISE_SCHEDULE"]) == ("new", "restart")
     assert main(argv) == 1  # the files exist now
     assert "exists (--force overwrites it)" in capsys.readouterr().err
 
@@ -212,8 +245,9 @@ def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys):
     (["--gpu", "A100 80GB SXM", "--gpus", "8", "--write", "/"], "no config_common.sh"),
     (["--gpu", "A100 80GB SXM", "--gpus", "8", "--samples", "5"], "--samples needs --global"),
     (["--gpu", "A100 80GB SXM", "--gpus", "512", "--global-batch", "448"], "global batch 448"),
+    (["--gpu", "A100 80GB SXM", "--gpus", "8", "--layerwise", "stacking"], "--layerwise"),
 ])
-def test_plan_bad_input_is_one_line(flags, message, capsys):
+def test_plan_bad_input_is_one_line(flags, message, capsys, given_stages):
     assert main(["plan", *flags]) == 1
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
@@ -228,6 +262,7 @@ def test_plan_prices_a_commodity_cluster():
     fast = plan.candidates("V100 32GB", 4, cluster.FABRICS["pcie-100gbe"], rate, over,
                            ("closed", "open"))
     assert min(c.seconds for c in slow) > min(c.seconds for c in fast)
+    assert not any(c.layerwise for c in slow)  # not asked for
     closed = next(c for c in slow if c.division == "closed")
     assert closed.prediction.dominant in ("reduce across nodes", "compute")
     with pytest.raises(UserError):

@@ -133,6 +133,9 @@ class Shape:
     optimizer_share: float = 0.0
     """The share of the parameters a GPU steps: 1 replicated, 1/G DistributedFusedLAMB (0: that,
     the default), 1/(N G) sharded over every GPU."""
+    trained: float = 1.0
+    """The share of the parameters that train (a LAYERWISE stage's): their gradients cross the
+    fabrics and LAMB steps them."""
 
     @property
     def gpus(self) -> int:
@@ -193,7 +196,7 @@ def communication(shape: Shape) -> dict[str, float]:
     bandwidth, beyond it on the NICs: SHARP where the fabric has it, else NCCL's faster of ring
     and tree), the fp16 weights all-gathered in the node."""
     f, g = shape.fabric, shape.fabric.gpus_per_node
-    nbytes = PARAMETERS * shape.gradient_bytes
+    nbytes = PARAMETERS * shape.trained * shape.gradient_bytes
     in_node = scatter(nbytes, g, f.nvlink, f.alpha_nvlink)
     if shape.gpus <= f.nvlink_domain:
         across = ring(nbytes / g, shape.nodes, f.nvlink, f.alpha_nvlink)
@@ -208,7 +211,8 @@ def communication(shape: Shape) -> dict[str, float]:
 def optimizer_seconds(shape: Shape) -> float:
     """One LAMB step over the GPU's share of the parameters, memory-bound."""
     share = shape.optimizer_share or 1 / shape.fabric.gpus_per_node
-    return PARAMETERS * share * LAMB_BYTES / (GPUS[shape.gpu].bandwidth * MEMORY_EFFICIENCY)
+    return PARAMETERS * shape.trained * share * LAMB_BYTES / (GPUS[shape.gpu].bandwidth *
+                                                             MEMORY_EFFICIENCY)
 
 
 def step_terms(shape: Shape, rate: float, over: Overheads) -> dict[str, float]:
@@ -268,6 +272,21 @@ def predict(shape: Shape, rate: float, over: Overheads, samples: float,
     steps = samples / shape.global_batch
     terms = {k: steps * v for k, v in step_terms(shape, rate, over).items()}
     terms["evals"] = evals * eval_seconds(shape, rate, over)
+    terms["run"] = over.run
+    return Prediction(shape, samples, evals, terms)
+
+
+def staged(shape: Shape, rate: float, over: Overheads, samples: float, evals: float,
+           stages: list[tuple[float, float, float]]) -> Prediction:
+    """A LAYERWISE run: each stage (share of the samples and of the evals, its step's compute
+    against the whole model's, the share of the parameters it trains) predicted at the rate the
+    lighter step gives, the run's constant once."""
+    terms: dict[str, float] = {}
+    for share, compute, trained in stages:
+        part = predict(replace(shape, trained=trained), rate / compute, over, samples * share,
+                       evals * share)
+        for name, seconds in part.terms.items():
+            terms[name] = terms.get(name, 0.0) + seconds
     terms["run"] = over.run
     return Prediction(shape, samples, evals, terms)
 

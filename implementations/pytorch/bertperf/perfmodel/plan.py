@@ -8,7 +8,9 @@ Candidates: every global batch of MLPerf's RCP table the GPUs divide (or --globa
 (sequences) and packed (rows of PACKING_FACTOR sequences; where both divide, the model prices
 them the same and lists varlen), the largest micro-batch the GPU's memory holds (MAX_BATCH
 scaled by memory) and the fewest micro-batches a step; SHARDED_LAMB 0 and 1; in the open
-division also GRAD_COMM bf16. Samples to converge: the RCP row's mean (open modes
+division also GRAD_COMM bf16 and LAYERWISE (LAYERWISE_RUN: MSLT, its stages' steps traced and
+priced by `model layerwise`, about 20 s; --layerwise none skips it), which the model takes to
+converge in normal training's samples, as `bench layerwise` measured on the demo. Samples to converge: the RCP row's mean (open modes
 times model scale's SAMPLES_FACTOR). The trainer's own traffic: fp32 gradients all-reduced in
 DDP's buckets (bf16/fp16: half the bytes), the replicated LAMB step on every GPU, or with
 SHARDED_LAMB the gradients reduce-scattered after the backward and 1/(N G) of LAMB a GPU. A GPU's
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -37,6 +40,12 @@ PACKING_FACTOR = 2
 OPEN_COMMS = ("bf16",)
 """GRAD_COMM modes `plan` prices beside allreduce in the open division: bf16 (fp16 moves the same
 bytes and prices the same; PowerSGD and local SGD: `model scale --cluster commodity`)."""
+LAYERWISE_RUN = "mslt"
+"""The LAYERWISE recipe priced in the open division: model layerwise's GPU_RUNS entry (bench
+layerwise's three-stage MSLT scaled to 24 layers), with LAYERWISE_SCHEDULE=restart."""
+LAYERWISE_BATCH = 56
+"""The micro-batch the stages' steps are traced at (their ratios to the whole model's step are
+taken to hold at every batch and on every GPU)."""
 PRECISIONS = {"bf16": "fp16", "fp8": "fp8"}
 """PRECISION the config trains in -> the calibration it is priced on (16-bit: NVIDIA's fp16)."""
 LATEST_ROUND = "v5.0"
@@ -53,6 +62,8 @@ class Candidate:
     sharded: bool
     samples: float
     prediction: cluster.Prediction
+    layerwise: str | None = None
+    """LAYERWISE's value (None: the whole model trains)."""
 
     @property
     def seconds(self) -> float:
@@ -80,6 +91,39 @@ def rate(gpu: str, precision: str, rows: list, calibrations: dict,
     return value, source
 
 
+@functools.cache
+def layerwise_stages() -> tuple[str, tuple[tuple[float, float, float], ...]]:
+    """LAYERWISE_RUN's LAYERWISE_TRAIN and, for each stage, (share of the samples, its step's
+    compute against the whole model's, share of the parameters it trains): model layerwise's
+    stage steps (the trainer's step with the model staged by train.layerwise), priced on the
+    A100 at LAYERWISE_BATCH."""
+    from bertperf.model import BertConfig
+    from bertperf.perfmodel import layerwise
+
+    config = BertConfig.large()
+    train, stages = layerwise.GPU_RUNS[LAYERWISE_RUN]
+    setting = layerwise.stage_setting(stages, [1] * len(stages))
+    whole = layerwise.stage_step(config, LAYERWISE_BATCH, None, "all", 0)
+    total = sum(p.numel() for p in whole.trained)
+    out = []
+    for index, (layers, share, mode) in enumerate(stages):
+        last = layers == config.num_hidden_layers and (mode or train) == "all"
+        step = whole if last else layerwise.stage_step(config, LAYERWISE_BATCH, setting, train,
+                                                       index)
+        out.append((share, step.compute.micro_step / whole.compute.micro_step,
+                    sum(p.numel() for p in step.trained) / total))
+    return train, tuple(out)
+
+
+def layerwise_setting(samples: float) -> str:
+    """LAYERWISE for LAYERWISE_RUN over `samples`."""
+    from bertperf.perfmodel import layerwise
+
+    _, stages = layerwise.GPU_RUNS[LAYERWISE_RUN]
+    return layerwise.stage_setting(stages, [round(share * samples)
+                                            for _, share, _ in stages[:-1]] + [0])
+
+
 def replace_gpu(row, gpu: str):
     return SimpleNamespace(**{**vars(row), "gpu": gpu})
 
@@ -95,7 +139,8 @@ def split(per_gpu: int, largest: int) -> tuple[int, int] | None:
 
 def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
                over: cluster.Overheads, divisions: tuple[str, ...],
-               samples: float | None = None, global_batch: int | None = None) -> list[Candidate]:
+               samples: float | None = None, global_batch: int | None = None,
+               layerwise: bool = False) -> list[Candidate]:
     """Every configuration of the module docstring on this cluster (at `global_batch` only, if
     given, trained for `samples`, if given), priced."""
     from bertperf.config import reference_eval_interval
@@ -132,10 +177,18 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
                 out.append(Candidate(division, layout, point.bs, batch, accumulation, mode,
                                      sharded, trained,
                                      cluster.predict(shape, rate_, over, trained, evals)))
+                if layerwise and division == OPEN and mode == OPEN_COMMS[0]:
+                    _, stages = layerwise_stages()
+                    plain = replace(shape, gradient_bytes=4)  # GRAD_COMM=allreduce
+                    out.append(Candidate(OPEN, layout, point.bs, batch, accumulation,
+                                         "allreduce", False, trained,
+                                         cluster.staged(plain, rate_, over, trained, evals,
+                                                        list(stages)),
+                                         layerwise_setting(trained)))
     seen, unique = set(), []
     for c in out:  # packed rows price as varlen sequences: keep the first of equal candidates
         key = (c.division, c.global_batch, c.grad_comm, c.sharded, c.batch * (
-            PACKING_FACTOR if c.layout == "packed" else 1), c.accumulation)
+            PACKING_FACTOR if c.layout == "packed" else 1), c.accumulation, c.layerwise)
         if key not in seen:
             seen.add(key)
             unique.append(c)
@@ -199,6 +252,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", default=None,
                    help="with --global-batch: samples to converge (default: its RCP row's mean), "
                         "e.g. a published run's, to compare with it")
+    p.add_argument("--layerwise", default=LAYERWISE_RUN,
+                   help=f"{LAYERWISE_RUN} (default: price MSLT in the open division) or none")
     p.add_argument("--top", default="12", help="candidates printed (default 12)")
     p.add_argument("--system", default=None,
                    help="the SYSTEM of the config files' names (default: from the GPU)")
@@ -218,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
     divisions = {"closed": (CLOSED,), "open": (OPEN,), "both": (CLOSED, OPEN)}.get(args.division)
     if divisions is None:
         raise UserError(f"--division {args.division!r}: expected closed, open or both")
+    if args.layerwise not in (LAYERWISE_RUN, "none"):
+        raise UserError(f"--layerwise {args.layerwise!r}: expected {LAYERWISE_RUN} or none")
     fabric = fabric_of(args)
     gpus = int(_positive("gpus", args.gpus))
     nodes, left = divmod(gpus, fabric.gpus_per_node)
@@ -233,7 +290,8 @@ def run(args: argparse.Namespace) -> int:
     top = int(_positive("top", args.top))
     rows, calibrations, over = validate.fitted()
     rate_, source = rate(args.gpu, args.precision, rows, calibrations, over)
-    found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples, batch)
+    found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples, batch,
+                       layerwise=args.layerwise != "none" and OPEN in divisions)
     if not found:
         which = f"global batch {batch}" if batch else "the RCP table's global batches"
         raise UserError(f"{gpus} GPUs divide none of {which} into whole micro-batches (RCP "
@@ -249,13 +307,21 @@ def run(args: argparse.Namespace) -> int:
           f"MLPerf code, not this trainer's, which no GPU has measured); overheads "
           f"{over.seconds * 1e3:.2f} ms + {over.sequences:.1f} sequences a micro-step, "
           f"{over.run:.2f} s a run (fitted by model validate on NVIDIA's A100 results)")
+    if any(c.layerwise for c in found):
+        train, stages = layerwise_stages()
+        print(f"LAYERWISE {LAYERWISE_RUN} (LAYERWISE_TRAIN={train}, restart): stages of "
+              + ", ".join(f"{share:.0%} of the samples at {compute:.2f}x the step, "
+                          f"{trained:.0%} of the parameters training"
+                          for share, compute, trained in stages)
+              + " (model layerwise); the same samples as normal training")
     print("| division | global batch | layout | micro-batch x steps | GRAD_COMM | SHARDED_LAMB | "
-          "samples | step ms | time to train | GPU-hours | dominant term | |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "LAYERWISE | samples | step ms | time to train | GPU-hours | dominant term | |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in found[:top] + [f for f in fastest.values() if f and f not in found[:top]]:
         mark = f"fastest {c.division}" if fastest.get(c.division) is c else ""
         print(f"| {c.division} | {c.global_batch:,} | {c.layout} | {c.batch} x "
-              f"{c.accumulation} | {c.grad_comm} | {int(c.sharded)} | {c.samples:,.0f} | "
+              f"{c.accumulation} | {c.grad_comm} | {int(c.sharded)} | "
+              f"{LAYERWISE_RUN if c.layerwise else '-'} | {c.samples:,.0f} | "
               f"{c.prediction.step_seconds * 1e3:,.1f} | {_duration(c.seconds)} | "
               f"{c.seconds * gpus / 3600:,.1f} | {c.prediction.dominant} | {mark} |")
     if args.write:
@@ -277,7 +343,8 @@ def _duration(seconds: float) -> str:
 
 def config_name(system: str, nodes: int, per_node: int, c: Candidate) -> str:
     return (f"config_{system}_{nodes}x{per_node}x{c.batch}x{c.accumulation}"
-            f"{'_pack' if c.layout == 'packed' else ''}{'_open' if c.division == OPEN else ''}"
+            f"{'_pack' if c.layout == 'packed' else ''}{'_' + LAYERWISE_RUN if c.layerwise else ''}"
+            f"{'_open' if c.division == OPEN else ''}"
             ".sh")
 
 
@@ -321,6 +388,10 @@ def write_config(folder: Path, system: str, gpu: str, nodes: int, fabric: cluste
         lines += ["export FP8=1"]
     if c.division == OPEN:
         lines += ["export SUBMISSION_DIVISION=open", f"export GRAD_COMM={c.grad_comm}"]
+    if c.layerwise:
+        train, _ = layerwise_stages()
+        lines += [f"export LAYERWISE={c.layerwise}", f"export LAYERWISE_TRAIN={train}",
+                  "export LAYERWISE_SCHEDULE=restart"]
     if c.sharded:
         lines += ["export SHARDED_LAMB=1"]
     limit = math.ceil(1.5 * max(point.samples_to_converge) / 100_000) * 100_000
