@@ -163,9 +163,11 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
                 continue
             batch, accumulation = shape_split
             mean = sum(point.samples_to_converge) / len(point.samples_to_converge)
-            modes = [(CLOSED, "allreduce", False), (CLOSED, "allreduce", True)] + \
-                [(OPEN, m, False) for m in OPEN_COMMS]
-            for division, mode, sharded in modes:
+            modes = [(CLOSED, "allreduce", False, False), (CLOSED, "allreduce", True, False)]
+            modes += [(OPEN, m, False, False) for m in OPEN_COMMS]
+            if layerwise:
+                modes += [(OPEN, m, False, True) for m in ("allreduce", *OPEN_COMMS)]
+            for division, mode, sharded, staged in modes:
                 if division not in divisions:
                     continue
                 shape = cluster.Shape(gpu, nodes, fabric, batch, accumulation, packing,
@@ -174,17 +176,14 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
                                       optimizer_share=1 / gpus if sharded else 1.0)
                 trained = samples or mean * scale.SAMPLES_FACTOR[mode]
                 evals = trained / reference_eval_interval(point.bs)
+                if staged:
+                    prediction = cluster.staged(shape, rate_, over, trained, evals,
+                                                list(layerwise_stages()[1]))
+                else:
+                    prediction = cluster.predict(shape, rate_, over, trained, evals)
                 out.append(Candidate(division, layout, point.bs, batch, accumulation, mode,
-                                     sharded, trained,
-                                     cluster.predict(shape, rate_, over, trained, evals)))
-                if layerwise and division == OPEN and mode == OPEN_COMMS[0]:
-                    _, stages = layerwise_stages()
-                    plain = replace(shape, gradient_bytes=4)  # GRAD_COMM=allreduce
-                    out.append(Candidate(OPEN, layout, point.bs, batch, accumulation,
-                                         "allreduce", False, trained,
-                                         cluster.staged(plain, rate_, over, trained, evals,
-                                                        list(stages)),
-                                         layerwise_setting(trained)))
+                                     sharded, trained, prediction,
+                                     layerwise_setting(trained) if staged else None))
     seen, unique = set(), []
     for c in out:  # packed rows price as varlen sequences: keep the first of equal candidates
         key = (c.division, c.global_batch, c.grad_comm, c.sharded, c.batch * (
