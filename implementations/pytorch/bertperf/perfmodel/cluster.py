@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 from bertperf.benchmark import EVAL_SAMPLES, MAX_SEQ_LENGTH
+from bertperf.perfmodel import scale
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,13 @@ class Gpu:
 
 
 GPUS = {g.name: g for g in (
-    Gpu("H100 96GB SXM", 3.35e12, 96, "NVIDIA H100 NVL and GH200 datasheets: HBM3 at the H100 SXM's rate"),
     Gpu("A100 40GB SXM", 1.555e12, 40, "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
     Gpu("A100 80GB SXM", 2.039e12, 80, "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
     Gpu("A100 80GB PCIe", 1.935e12, 80, "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
     Gpu("H100 80GB SXM", 3.35e12, 80, "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
     Gpu("H100 80GB PCIe", 2.0e12, 80, "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
+    Gpu("H100 96GB SXM", 3.35e12, 96, "a submitter's system description; the bandwidth taken "
+        "as the H100 SXM's"),
     Gpu("H200 141GB SXM", 4.8e12, 141, "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
     Gpu("B200 180GB SXM", 8.0e12, 180, "NVIDIA DGX B200 datasheet (2024): 64 TB/s for 8 GPUs"),
     Gpu("GB200 186GB", 8.0e12, 186, "NVIDIA GB200 NVL72 datasheet (2024): 576 TB/s for 72 "
@@ -56,10 +58,9 @@ class Fabric:
     sharp: bool
     """InfiniBand with SHARP in the switches: the all-reduce across nodes reduced in the
     network (NVIDIA's multi-node configs ask for it: SBATCH_NETWORK=sharp)."""
-    alpha_nvlink: float = 3.4e-6
-    alpha_net: float = 9.6e-6
-    """Seconds a step of a ring on NVLink and on the network (NCCL's tuning.cc hwLat, Ring,
-    Simple protocol; the same figures as model scale)."""
+    alpha_nvlink: float = scale.ALPHA_NVLINK_US * 1e-6
+    alpha_net: float = scale.ALPHA_NET_US * 1e-6
+    """Seconds a step of a ring in the node and on the network (model scale's: NCCL's hwLat)."""
     name: str = ""
 
     @property
@@ -72,11 +73,10 @@ def _dgx(name: str, nvlink_gbps: float, nic_gbit: float) -> Fabric:
 
 
 def _pcie(name: str, nic_gbit: float) -> Fabric:
-    return Fabric(8, 8, PCIE4_X16, 1, nic_gbit * 1e9 / 8, False, alpha_nvlink=5.7e-6, name=name)
+    return Fabric(8, 8, scale.PCIE4_X16, 1, nic_gbit * 1e9 / 8, False,
+                  alpha_nvlink=scale.ALPHA_PCIE_US * 1e-6, name=name)
 
 
-PCIE4_X16 = 31.5e9
-"""A PCIe 4.0 x16 link a direction, bytes/s (PCI-SIG; model scale's PCIE4_X16)."""
 FABRICS = {f.name: f for f in (
     _dgx("dgx-a100", 300, 200), _dgx("dgx-h100", 450, 400), _dgx("dgx-b200", 900, 400),
     Fabric(4, 72, 900e9, 4, 400e9 / 8, False, name="gb200-nvl72"),
@@ -171,23 +171,9 @@ TERMS = ("compute", "fixed", "optimizer", "reduce in node", "reduce across nodes
          "gather in node", "evals", "run")
 
 
-def ring(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
-    return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * nbytes / bandwidth if ranks > 1 \
-        else 0.0
-
-
-def tree(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
-    return 2 * math.ceil(math.log2(ranks)) * alpha + 2 * nbytes / bandwidth if ranks > 1 else 0.0
-
-
 def sharp(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
     """In-network reduction: each GPU's bytes go up to the switches once and come back once."""
     return 2 * alpha + nbytes / bandwidth if ranks > 1 else 0.0
-
-
-def scatter(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
-    """A reduce-scatter (or all-gather) of `nbytes` over `ranks`."""
-    return (ranks - 1) * alpha + (ranks - 1) / ranks * nbytes / bandwidth if ranks > 1 else 0.0
 
 
 def communication(shape: Shape) -> dict[str, float]:
@@ -197,14 +183,14 @@ def communication(shape: Shape) -> dict[str, float]:
     and tree), the fp16 weights all-gathered in the node."""
     f, g = shape.fabric, shape.fabric.gpus_per_node
     nbytes = PARAMETERS * shape.trained * shape.gradient_bytes
-    in_node = scatter(nbytes, g, f.nvlink, f.alpha_nvlink)
+    in_node = scale.reduce_scatter(nbytes, g, f.nvlink, f.alpha_nvlink)
     if shape.gpus <= f.nvlink_domain:
-        across = ring(nbytes / g, shape.nodes, f.nvlink, f.alpha_nvlink)
+        across = scale.ring_allreduce(nbytes / g, shape.nodes, f.nvlink, f.alpha_nvlink)
     elif f.sharp:
         across = sharp(nbytes / g, shape.nodes, f.nic_per_gpu, f.alpha_net)
     else:
         across = min(algo(nbytes / g, shape.nodes, f.nic_per_gpu, f.alpha_net)
-                     for algo in (ring, tree))
+                     for algo in (scale.ring_allreduce, scale.tree_allreduce))
     return {"reduce in node": in_node, "reduce across nodes": across, "gather in node": in_node}
 
 

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 
 from bertperf.benchmark import CLOSED, OPEN
 from bertperf.errors import UserError
-from bertperf.perfmodel import cluster
+from bertperf.perfmodel import cluster, scale
 
 MAX_BATCH = {"varlen": 56, "packed": 48}
 """The largest micro-batch a GPU with 80 GB trains (sequences; packed: rows): NVIDIA's A100 and
@@ -75,7 +75,7 @@ def rate(gpu: str, precision: str, rows: list, calibrations: dict,
     """The GPU's rate (model validate's rate_for, as of the latest round); a GPU without a
     calibration but with a published DeepLearningExamples BERT rate: the A100's times the ratio
     of the two (model scale's commodity calibration)."""
-    from bertperf.perfmodel import roofline, scale, validate
+    from bertperf.perfmodel import roofline, validate
 
     row = SimpleNamespace(gpu=gpu, precision=PRECISIONS[precision], round=LATEST_ROUND)
     value, source = validate.rate_for(row, calibrations, over)
@@ -145,7 +145,6 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
     given, trained for `samples`, if given), priced."""
     from bertperf.config import reference_eval_interval
     from bertperf.mlperf.rcp import reference_points
-    from bertperf.perfmodel import scale
 
     gpus = nodes * fabric.gpus_per_node
     memory = cluster.GPUS[gpu].memory_gb / 80
@@ -239,7 +238,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPUs a node (default: the network's)")
     p.add_argument("--nic-gbit", default=None, help="custom: a NIC's Gb/s")
     p.add_argument("--nics-per-node", default="1", help="custom: NICs a node (default 1)")
-    p.add_argument("--link-gbps", default=str(cluster.PCIE4_X16 / 1e9),
+    p.add_argument("--link-gbps", default=str(scale.PCIE4_X16 / 1e9),
                    help="custom: the GPUs' link in a node, GB/s a direction (default PCIe 4.0 "
                         "x16)")
     p.add_argument("--latency-us", default=str(cluster.Fabric.alpha_net * 1e6),
