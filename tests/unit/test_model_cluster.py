@@ -195,7 +195,7 @@ def test_plan_matches_nvidias_own_configuration_and_row():
     rows, calibrations, over = validate.fitted()
     published = next(r for r in rows if (r.round, r.organization, r.gpus, r.global_batch)
                      == ("v2.1", "NVIDIA", 64, 3072))
-    rate, _ = plan.rate("A100 80GB SXM", "bf16", rows, calibrations, over)
+    rate, _ = plan.rate("A100 80GB SXM", "bf16", calibrations, over)
     found = plan.candidates("A100 80GB SXM", 8, DGX_A100, rate, over, ("closed",),
                             samples=published.samples)
     theirs = next(c for c in found if (c.global_batch, c.layout, c.batch, c.accumulation,
@@ -252,8 +252,8 @@ def test_plan_bad_input_is_one_line(flags, message, capsys, given_stages):
 
 
 def test_plan_prices_a_commodity_cluster():
-    rows, calibrations, over = validate.fitted()
-    rate, source = plan.rate("V100 32GB", "bf16", rows, calibrations, over)
+    _, calibrations, over = validate.fitted()
+    rate, source = plan.rate("V100 32GB", "bf16", calibrations, over)
     assert "DeepLearningExamples" in source
     slow = plan.candidates("V100 32GB", 4, cluster.FABRICS["pcie-10gbe"], rate, over,
                            ("closed", "open"))
@@ -264,4 +264,4 @@ def test_plan_prices_a_commodity_cluster():
     closed = next(c for c in slow if c.division == "closed")
     assert closed.prediction.dominant in ("reduce across nodes", "compute")
     with pytest.raises(UserError):
-        plan.rate("A100 40GB SXM", "bf16", rows, calibrations, over)
+        plan.rate("A100 40GB SXM", "bf16", calibrations, over)

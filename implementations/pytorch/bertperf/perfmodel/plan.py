@@ -70,7 +70,7 @@ class Candidate:
         return self.prediction.seconds
 
 
-def rate(gpu: str, precision: str, rows: list, calibrations: dict,
+def rate(gpu: str, precision: str, calibrations: dict,
          over: cluster.Overheads) -> tuple[float, str]:
     """The GPU's rate (model validate's rate_for, as of the latest round); a GPU without a
     calibration but with a published DeepLearningExamples BERT rate: the A100's times the ratio
@@ -81,7 +81,8 @@ def rate(gpu: str, precision: str, rows: list, calibrations: dict,
     value, source = validate.rate_for(row, calibrations, over)
     anchors = roofline.anchors()
     if math.isnan(value) and (scale.SPEED_ANCHOR, gpu) in anchors and precision == "bf16":
-        a100, _ = validate.rate_for(replace_gpu(row, roofline.A100), calibrations, over)
+        a100, _ = validate.rate_for(SimpleNamespace(**{**vars(row), "gpu": roofline.A100}),
+                                    calibrations, over)
         ratio = anchors[scale.SPEED_ANCHOR, gpu].value / anchors[scale.SPEED_ANCHOR,
                                                                  roofline.A100].value
         return a100 * ratio, f"the A100's x {ratio:.2f} (DeepLearningExamples BERT rates)"
@@ -122,10 +123,6 @@ def layerwise_setting(samples: float) -> str:
     _, stages = layerwise.GPU_RUNS[LAYERWISE_RUN]
     return layerwise.stage_setting(stages, [round(share * samples)
                                             for _, share, _ in stages[:-1]] + [0])
-
-
-def replace_gpu(row, gpu: str):
-    return SimpleNamespace(**{**vars(row), "gpu": gpu})
 
 
 def split(per_gpu: int, largest: int) -> tuple[int, int] | None:
@@ -286,8 +283,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--samples needs --global-batch: every batch converges in its own "
                         "samples")
     top = int(_positive("top", args.top))
-    rows, calibrations, over = validate.fitted()
-    rate_, source = rate(args.gpu, args.precision, rows, calibrations, over)
+    _, calibrations, over = validate.fitted()
+    rate_, source = rate(args.gpu, args.precision, calibrations, over)
     found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples, batch,
                        layerwise=args.layerwise != "none" and OPEN in divisions)
     if not found:
