@@ -26,6 +26,10 @@ def shape(nodes: int = 1, batch: int = 48, fabric: cluster.Fabric = DGX_A100, bl
     return cluster.Shape("A100 80GB SXM", nodes, fabric, batch, 1, 1.0, blocks, **kw)
 
 
+def test_every_published_gpu_has_datasheet_figures():
+    assert {r.gpu for r in results.load_results()} <= set(cluster.GPUS)
+
+
 def test_parameters_are_bert_larges():
     assert cluster.PARAMETERS == cluster.counted_parameters()
 

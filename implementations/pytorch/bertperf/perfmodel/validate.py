@@ -108,6 +108,8 @@ def rate_for(r, calibrations: dict, over: cluster.Overheads) -> tuple[float, str
 
 def unseen(r) -> str | None:
     """Why the model cannot describe row `r`, or None."""
+    if r.gpu not in cluster.GPUS:
+        return f"no datasheet figures of its GPU ({r.gpu}) in cluster.GPUS"
     if r.division != "closed":
         return "open division: its own optimizer and code, not NVIDIA's closed recipe"
     if r.gpus > r.nvlink_domain and r.nics_per_node == 0:
