@@ -2,13 +2,20 @@
 published result of NVIDIA's MLPerf BERT code in perfmodel/results.csv, held out (a model, not a
 measurement).
 
-Each row is one of three sides. calibration: NVIDIA's own single-node result of a GPU, the one
-measurement of that GPU's rate with that code (the rate a row uses is its GPU's calibration row
-of the latest round up to its own, else the earliest); never judged. fit: the rows the two
-overheads (cluster.Overheads) are fitted on, least squares of log(predicted / published).
-held-out: every other row, judged against TOLERANCE. --split generation fits on the A100 rows and
-judges the H100, H200, B200 and GB200 ones; --split round (leave one round out) fits once a round
-on every other round's rows and judges that round's, so every non-calibration row is held out once.
+Each row is on one of four sides.
+- calibration: NVIDIA's own 8-GPU result of a GPU and precision (a GPU NVIDIA never submitted:
+  the first 8-GPU result of anyone), the one measurement of that GPU's rate with that code. A row
+  uses its GPU's calibration of the latest round up to its own, else the earliest; a GPU and
+  precision without one, another calibration times roofline's speedup (rate_for). Never judged.
+- fit: the rows the three overheads (cluster.Overheads) are fitted on, by least squares of
+  log(predicted / published).
+- held-out: every other row, judged against TOLERANCE.
+- unseen: a row the model cannot describe (why says why).
+
+--split generation fits on NVIDIA's own A100 results and judges everything else: other
+submitters' A100s, every H100, H200, B200 and GB200. --split round (leave one round out) fits,
+once a round, on NVIDIA's results of every other round and judges that round's rows, so every
+row but the calibrations and the unseen is held out once.
 """
 
 from __future__ import annotations
