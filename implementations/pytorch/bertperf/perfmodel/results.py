@@ -312,8 +312,8 @@ def run(args: argparse.Namespace) -> int:
     import csv
     import sys
 
-    out = csv.writer(sys.stdout, lineterminator="\n")
+    rows = [[str(folder)] + format_summary(summarize(folder)) for folder in args.folders]
+    out = csv.writer(sys.stdout, lineterminator="\n")  # every folder read before a line
     out.writerow(("folder",) + FIELDS)
-    for folder in args.folders:
-        out.writerow([str(folder)] + format_summary(summarize(folder)))
+    out.writerows(rows)
     return 0
