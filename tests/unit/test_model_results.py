@@ -119,6 +119,10 @@ def test_command_prints_a_csv_line_a_folder_and_one_line_errors(tmp_path, capsys
                                   "150000", "448", "1"]
     with pytest.raises(UserError, match="0 result_"):
         results.summarize(tmp_path / "nothing")
+    (tmp_path / "nothing").mkdir()  # a good folder, then a bad one: one line, no CSV at all
+    assert main(["model", "results", str(folder), str(tmp_path / "nothing")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().endswith("an olympic mean needs 3 or more")
 
 
 def test_the_table_loads_and_each_row_names_its_source_and_config():
