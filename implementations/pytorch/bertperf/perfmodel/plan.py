@@ -190,7 +190,19 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
     return sorted(unique, key=lambda c: c.seconds)
 
 
+NETWORKS = {"A100 40GB SXM": "dgx-a100", "A100 80GB SXM": "dgx-a100",
+            "H100 80GB SXM": "dgx-h100", "H100 96GB SXM": "dgx-h100", "H200 141GB SXM": "dgx-h100",
+            "B200 180GB SXM": "dgx-b200", "GB200 186GB": "gb200-nvl72"}
+"""The network a GPU's nodes have when --network is not given: its DGX's (GB200: an NVL72 rack).
+A PCIe GPU has none: --network names it."""
+
+
 def fabric_of(args: argparse.Namespace) -> cluster.Fabric:
+    if args.network is None:
+        if args.gpu not in NETWORKS:
+            raise UserError(f"--gpu {args.gpu!r} comes in no DGX: name its --network (one of "
+                            f"{', '.join(cluster.FABRICS)}, or custom)")
+        args.network = NETWORKS[args.gpu]
     if args.network not in cluster.FABRICS and args.network != "custom":
         raise UserError(f"--network {args.network!r}: expected one of "
                         f"{', '.join(cluster.FABRICS)} or custom")
@@ -228,9 +240,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True,
                    help=f"the GPU: one of {', '.join(cluster.GPUS)}")
     p.add_argument("--gpus", required=True, help="GPUs in all")
-    p.add_argument("--network", default="dgx-a100",
+    p.add_argument("--network", default=None,
                    help=f"one of {', '.join(cluster.FABRICS)}, or custom (then --nic-gbit, "
-                        "--nics-per-node, --link-gbps, --latency-us) (default dgx-a100)")
+                        "--nics-per-node, --link-gbps, --latency-us) (default: the GPU's DGX, "
+                        "NETWORKS)")
     p.add_argument("--gpus-per-node", default=None,
                    help="GPUs a node (default: the network's)")
     p.add_argument("--nic-gbit", default=None, help="custom: a NIC's Gb/s")
