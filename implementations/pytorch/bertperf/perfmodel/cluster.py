@@ -90,8 +90,8 @@ compute trays of 4 GPUs with four 400 Gb/s NICs (NVIDIA GB200 NVL72 datasheet). 
 GPUs on PCIe 4.0 x16 (NCCL's PCI latency, 5.7 us a step) with one Ethernet NIC a node."""
 
 PARAMETERS = 336_232_258
-"""BERT-large's trained parameters with MLPerf's vocabulary (bertperf.model, counted by
-test_model_cluster against the model built on the meta device)."""
+"""BERT-large's trained parameters with MLPerf's vocabulary (test_model_cluster counts them in
+model scale's meta-device model)."""
 NVIDIA_GRADIENT_BYTES = 2
 """NVIDIA's code reduces fp16 gradients and gathers fp16 weights (DistributedFusedLAMB)."""
 LAMB_BYTES = 32
@@ -294,20 +294,6 @@ def calibrated_rate(shape: Shape, over: Overheads, samples: float, evals: float,
     return math.sqrt(low * high)
 
 
-@cache
-def counted_parameters() -> int:
-    """BERT-large's trained parameters, counted on the meta device (PARAMETERS' check)."""
-    import torch
-
-    from bertperf.model import BertConfig, BertForPreTraining
-
-    with torch.device("meta"):
-        model = BertForPreTraining(BertConfig.large())
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def with_fabric(shape: Shape, **changes) -> Shape:
-    return replace(shape, fabric=replace(shape.fabric, **changes))
 
 
 @cache

@@ -146,7 +146,6 @@ def format_summary(summary: dict) -> list[str]:
 
 # ---- the table ----------------------------------------------------------------------------------
 
-"""The GPUs RESULTS may name, spelt as it spells them."""
 PRECISIONS = ("fp16", "bf16", "fp8")
 SOURCE = re.compile(r"mlcommons/training_results_(v\d+\.\d+)@[0-9a-f]{12}:(\S+)/results/(\S+)/bert")
 """A row's source: the repository and round, the snapshot's commit (12 hex digits), the folder."""

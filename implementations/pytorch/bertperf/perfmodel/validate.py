@@ -87,7 +87,9 @@ def calibrator(r, calibrations: dict, key: tuple[str, str]):
     return earlier[-1] if earlier else (rows[0] if rows else None)
 
 
+@functools.cache
 def rate_of(c, over: cluster.Overheads) -> float:
+    """Calibration row `c`'s rate under `over`, worked out once (the fit asks at every row)."""
     return cluster.calibrated_rate(shape_of(c), over, c.samples, c.evals, c.minutes * 60)
 
 
@@ -195,18 +197,25 @@ class Judged:
         return self.prediction.seconds / (self.row.minutes * 60)
 
 
-def judge(rows: list, split: str) -> list[Judged]:
-    """Every row with its side and prediction under `split`."""
+def sides(rows: list) -> tuple[dict, set[int], list]:
+    """The calibrations of `rows`, the ids of the calibration rows, and the rows the model
+    predicts (neither calibration nor unseen): the fit's and the judged rows are among these."""
     calibrations = calibration_rows(rows)
     calibrators = {id(c) for cs in calibrations.values() for c in cs}
+    rest = [r for r in rows if id(r) not in calibrators and why(r, calibrations) is None]
+    return calibrations, calibrators, rest
+
+
+def judge(rows: list, split: str) -> list[Judged]:
+    """Every row with its side and prediction under `split`."""
+    calibrations, calibrators, rest = sides(rows)
+    predicted = {id(r) for r in rest}
     none = cluster.Overheads(0.0, 0.0, 0.0)
     out = [Judged(r, "calibration", "-", none, None) for r in rows if id(r) in calibrators]
     out += [Judged(r, "unseen", why(r, calibrations), none, None) for r in rows
-            if id(r) not in calibrators and why(r, calibrations)]
-    rest = [r for r in rows if id(r) not in calibrators and why(r, calibrations) is None]
+            if id(r) not in calibrators and id(r) not in predicted]
     if split == "generation":
-        fitted = [r for r in rest if fits(r)]
-        over = fit(fitted, calibrations)
+        over = fit([r for r in rest if fits(r)], calibrations)
         return out + [Judged(r, "fit" if fits(r) else "held-out", f"{CALIBRATOR}'s A100 rows",
                              over, predict_row(r, calibrations, over)) for r in rest]
     for held in sorted({r.round for r in rest}, key=round_key):
@@ -225,10 +234,8 @@ def fitted(path: Path | None = None) -> tuple[list, dict, cluster.Overheads]:
     from bertperf.perfmodel import results
 
     rows = results.load_results(path or results.RESULTS)
-    calibrations = calibration_rows(rows)
-    calibrators = {id(c) for cs in calibrations.values() for c in cs}
-    return rows, calibrations, fit([r for r in rows if fits(r) and id(r) not in calibrators
-                                    and why(r, calibrations) is None], calibrations)
+    calibrations, _, rest = sides(rows)
+    return rows, calibrations, fit([r for r in rest if fits(r)], calibrations)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
