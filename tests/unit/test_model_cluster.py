@@ -236,6 +236,9 @@ def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys, given_s
             assert (env["LAYERWISE_TRAIN"], env["LAYERWISE_SCHEDULE"]) == ("new", "restart")
     assert main(argv) == 1  # the files exist now
     assert "exists (--force overwrites it)" in capsys.readouterr().err
+    written[0].unlink()  # one of the two still there: refused before the other is written
+    assert main(argv) == 1 and not written[0].exists()
+    assert f"{written[1]}: exists" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [

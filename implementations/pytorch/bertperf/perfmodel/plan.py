@@ -334,12 +334,20 @@ def run(args: argparse.Namespace) -> int:
               f"{c.seconds * gpus / 3600:,.1f} | {c.prediction.dominant} | {mark} |")
     if args.write:
         system = args.system or "".join(ch for ch in args.gpu.split()[0] if ch.isalnum())
-        for c in fastest.values():
-            if c is not None:
-                path = write_config(args.write, system, args.gpu, nodes, fabric, c,
-                                    args.precision, command, args.force)
-                print(f"wrote {path} ({c.division}; check it: source it, then "
-                      "./run_and_time.sh --check)")
+        chosen = [c for c in fastest.values() if c is not None]
+        paths = [args.write / config_name(system, nodes, fabric.gpus_per_node, c)
+                 for c in chosen]
+        if not (args.write / "config_common.sh").is_file():
+            raise UserError(f"--write {args.write}: no config_common.sh there (write into the "
+                            "checkout's root, whose config files it sources)")
+        for path in paths:  # every name checked before any file is written
+            if path.exists() and not args.force:
+                raise UserError(f"{path}: exists (--force overwrites it)")
+        for c, path in zip(chosen, paths):
+            write_config(path, gpu=args.gpu, nodes=nodes, fabric=fabric, c=c,
+                         precision=args.precision, command=command)
+            print(f"wrote {path} ({c.division}; check it: source it, then "
+                  "./run_and_time.sh --check)")
     return 0
 
 
@@ -356,19 +364,13 @@ def config_name(system: str, nodes: int, per_node: int, c: Candidate) -> str:
             ".sh")
 
 
-def write_config(folder: Path, system: str, gpu: str, nodes: int, fabric: cluster.Fabric,
-                 c: Candidate, precision: str, command: str, force: bool) -> Path:
-    """The candidate as a config file in `folder` (beside its config_common.sh), written under
-    a temporary name and renamed."""
+def write_config(path: Path, gpu: str, nodes: int, fabric: cluster.Fabric, c: Candidate,
+                 precision: str, command: str) -> None:
+    """The candidate as the config file `path` (beside a config_common.sh), written under a
+    temporary name and renamed."""
     from bertperf.formats.files import atomic_output
     from bertperf.mlperf.rcp import point_for
 
-    if not (folder / "config_common.sh").is_file():
-        raise UserError(f"--write {folder}: no config_common.sh there (write into the "
-                        "checkout's root, whose config files it sources)")
-    path = folder / config_name(system, nodes, fabric.gpus_per_node, c)
-    if path.exists() and not force:
-        raise UserError(f"{path}: exists (--force overwrites it)")
     point = point_for(c.global_batch)
     unit = "rows" if c.layout == "packed" else "sequences"
     walltime = math.ceil(2 * c.seconds / 60) + 5
@@ -422,7 +424,6 @@ def write_config(folder: Path, system: str, gpu: str, nodes: int, fabric: cluste
     ]
     with atomic_output(path) as tmp:
         tmp.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _number(value: float) -> str:
