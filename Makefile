@@ -46,15 +46,12 @@ $(VENV)/.installed: pyproject.toml setup.py constraints/torch2.13.txt
 	touch $@
 
 # The unit tests on every core (pytest-xdist; a module's tests share a worker), then the
-# end-to-end ones two modules at a time, then those marked serial one at a time (long trainings
-# on every core, or time limits; docs/design.md, "Tests"); all three always run.
+# end-to-end ones one at a time (each starts several ranks itself); both always run.
 UNIT := -n auto --dist loadgroup tests/unit
 E2E := tests --ignore=tests/unit --ignore=tests/container
 test: setup
 	$(PY) -m pytest -q --durations=5 $(UNIT); unit=$$?; \
-	  $(PY) -m pytest -q --durations=5 -n 2 --dist loadgroup -m "not serial" $(E2E); e2e=$$?; \
-	  $(PY) -m pytest -q --durations=5 -m serial $(E2E); serial=$$?; \
-	  exit $$(( unit || e2e || serial ))
+	  $(PY) -m pytest -q --durations=5 $(E2E); e2e=$$?; exit $$(( unit || e2e ))
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(UNIT); unit=$$?; $(PY) -m pytest -q -m "not slow" $(E2E); \

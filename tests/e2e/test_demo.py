@@ -26,7 +26,7 @@ for cls in (BertForPreTraining, BertForMaskedLM, AutoModel):
 print(ids["input_ids"].tolist())
 """
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = pytest.mark.slow
 
 
 def test_prepare_demo_and_a_short_demo_run(demo_data, tmp_path):

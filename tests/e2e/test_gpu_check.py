@@ -21,7 +21,7 @@ import torch
 from tests.support.gpu_check import PROBE, make_bundle, probe_wheel
 from tests.support.paths import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial,
+pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(torch.cuda.is_available(),
                                  reason="proves the path without CUDA; with CUDA the check runs "
                                         "its GPU steps (make gpu-check)")]

@@ -16,8 +16,6 @@ import pytest
 from bertperf import reaper as bertperf_reaper
 from tests.support import loss_curve, reaper
 
-pytestmark = pytest.mark.serial
-
 
 @pytest.fixture(scope="module")
 def runs(request, demo_data, tmp_path_factory):

@@ -22,7 +22,7 @@ from tests.support.net import free_port
 from tests.support.netns_cluster import NetnsSlurmCluster, netns_cluster  # noqa: F401
 from tests.support.paths import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = pytest.mark.slow
 
 
 def two_node_env(data: dict, logdir: Path, **extra: str) -> dict:  # noqa: F811

@@ -20,9 +20,9 @@ from tests.support.mlperf_logs import checker, events
 from tests.support.paths import PYTHONPATH
 from tests.support.runs import base_env
 
-pytestmark = [pytest.mark.serial, pytest.mark.skipif(
+pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None,
-    reason="network namespaces and tc qdiscs need root, iproute2 and tc")]
+    reason="network namespaces and tc qdiscs need root, iproute2 and tc")
 
 RATE = 40e6  # bits/s
 NBYTES = 4_000_000

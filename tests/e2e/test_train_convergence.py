@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.demo import pack, samples_to_target
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = pytest.mark.slow
 
 TARGET = {"TARGET_MLM_ACCURACY": "0.10", "EVAL_ITER_START_SAMPLES": "9600",
           "EVAL_ITER_SAMPLES": "800"}
