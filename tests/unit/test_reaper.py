@@ -12,8 +12,9 @@ import textwrap
 import time
 
 from bertperf import reaper
-from tests.support.reaper import TAG
+
 from tests.support.paths import ROOT
+from tests.support.reaper import TAG
 
 
 def alive(pid: int) -> bool:
@@ -85,10 +86,28 @@ def test_a_test_that_leaves_a_process_behind_fails(tmp_path):
     """))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "--rootdir", str(tmp_path), str(tmp_path)],
-                         capture_output=True, text=True, timeout=120,
+                         check=False, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 1, run.stdout
     assert "2 passed, 1 error" in run.stdout and "ERROR at teardown of test_leaks" in run.stdout
     assert "process(es) outlived the test and were killed: pid" in run.stdout
     assert "sleep 303" in run.stdout
     assert not [p for p in reaper.tagged(TAG, os.environ[TAG]) if "303" in p.command]
+
+
+def test_a_process_inside_execve_is_still_found(monkeypatch, tmp_path):
+    """A process reads an empty environment while it execs its next program: a shell that
+    exec's itself a thousand times is found by every scan that it outlives."""
+    monkeypatch.setenv(TAG, "reaper-exec")
+    chain = tmp_path / "chain.sh"
+    chain.write_text('n=$1; if [ "$n" -gt 0 ]; then exec sh "$0" $((n - 1)); fi; exec sleep 0.2\n')
+    proc = subprocess.Popen(["sh", str(chain), "1000"])
+    scans, missed = 0, []
+    while True:
+        found = reaper.tagged(TAG, "reaper-exec")
+        if proc.poll() is not None:  # it lived through the whole scan
+            break
+        scans += 1
+        if [p.pid for p in found] != [proc.pid]:
+            missed.append(found)
+    assert scans > 20 and missed == []

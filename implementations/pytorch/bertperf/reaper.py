@@ -13,35 +13,65 @@ import signal
 import time
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class Leftover:
     pid: int
     command: str
 
 
+PF_KTHREAD = 0x00200000
+"""The flag in /proc/<pid>/stat of a kernel thread (no environment, ever)."""
+
+BETWEEN_PROGRAMS = object()
+"""What `_match` says of a live user process whose environment reads empty: it is inside
+execve, between its old program and its new one, for a millisecond or so."""
+
+
+def _match(pid: str, needle: bytes) -> Leftover | object | None:
+    """The process `pid` if its environment holds `needle`, BETWEEN_PROGRAMS, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        state, parent, flags = fields[0], int(fields[1]), int(fields[6])
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+        if not environ:
+            live_user = state not in "ZX" and not flags & PF_KTHREAD
+            return BETWEEN_PROGRAMS if live_user else None
+        if needle not in environ.split(b"\0"):
+            return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
+        return None
+    if parent == os.getpid() and " -c from multiprocessing." in command:
+        return None
+    return Leftover(int(pid), command)
+
+
 def tagged(variable: str, tag: str) -> list[Leftover]:
     """The live processes (zombies have no environment left) whose environment holds
     variable=tag,
     but the helpers Python's multiprocessing starts for the calling process itself (its resource
-    tracker), which live as long as that process by design."""
+    tracker), which live as long as that process by design. A process caught inside execve is
+    read again until its new program's environment is in place (up to 0.2 s)."""
     needle = f"{variable}={tag}".encode()
+    pending = [e.name for e in os.scandir("/proc")
+               if e.name.isdigit() and int(e.name) != os.getpid()]
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            with open(f"/proc/{entry.name}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
-            continue
-        if parent == os.getpid() and " -c from multiprocessing." in command:
-            continue
-        found.append(Leftover(int(entry.name), command))
+    for _ in range(40):
+        again = []
+        for pid in pending:
+            match = _match(pid, needle)
+            if match is BETWEEN_PROGRAMS:
+                again.append(pid)
+            elif match is not None:
+                found.append(match)
+        if not again:
+            break
+        pending = again
+        time.sleep(0.005)
     return found
 
 
