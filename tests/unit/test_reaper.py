@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 from bertperf import reaper
 
@@ -111,3 +112,22 @@ def test_a_process_inside_execve_is_still_found(monkeypatch, tmp_path):
         if [p.pid for p in found] != [proc.pid]:
             missed.append(found)
     assert scans > 20 and missed == []
+
+
+def test_a_program_started_without_an_environment_is_not_waited_for(monkeypatch):
+    """Its environment reads empty as one inside execve does, but its command line stays the
+    same: one look again, not 0.2 s of them."""
+    monkeypatch.setenv(TAG, "reaper-empty")
+    bare = subprocess.Popen(["env", "-i", "sleep", "30"])
+    cmdline = Path(f"/proc/{bare.pid}/cmdline")
+    pauses, pause = [], time.sleep
+    try:
+        while cmdline.read_bytes() != b"sleep\x0030\x00":  # until env has exec'd sleep
+            pause(0.01)
+        monkeypatch.setattr(time, "sleep", lambda s: (pauses.append(s), pause(s)))
+        assert reaper.tagged(TAG, "reaper-empty") == []
+        monkeypatch.undo()
+        assert 1 <= len(pauses) < 10
+    finally:
+        bare.kill()
+        bare.wait()

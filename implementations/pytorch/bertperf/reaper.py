@@ -23,51 +23,54 @@ class Leftover:
 PF_KTHREAD = 0x00200000
 """The flag in /proc/<pid>/stat of a kernel thread (no environment, ever)."""
 
-BETWEEN_PROGRAMS = object()
-"""What `_match` says of a live user process whose environment reads empty: it is inside
-execve, between its old program and its new one, for a millisecond or so."""
+
+def _read(pid: str, name: str) -> bytes:
+    with open(f"/proc/{pid}/{name}", "rb") as f:
+        return f.read()
 
 
-def _match(pid: str, needle: bytes) -> Leftover | object | None:
-    """The process `pid` if its environment holds `needle`, BETWEEN_PROGRAMS, or None."""
+def _process(pid: str, needle: bytes) -> tuple[bytes, str, int] | None:
+    """Environment, command line and parent of the live user process `pid` if its environment
+    holds `needle` or reads empty; None for any other, one gone, a zombie (no environment left),
+    a kernel thread, or one not ours to read. Inside execve the environment reads empty, or the
+    read fails with ESRCH, for a moment: it is given as empty."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        state, parent, flags = fields[0], int(fields[1]), int(fields[6])
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read()
-        if not environ:
-            live_user = state not in "ZX" and not flags & PF_KTHREAD
-            return BETWEEN_PROGRAMS if live_user else None
-        if needle not in environ.split(b"\0"):
+        try:
+            environ = _read(pid, "environ")
+        except ProcessLookupError:
+            environ = b""
+        if environ and needle not in environ.split(b"\0"):
             return None
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        stat = _read(pid, "stat").rsplit(b")", 1)[1].split()
+        if stat[0] in (b"Z", b"X") or int(stat[6]) & PF_KTHREAD:
+            return None
+        command = _read(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+        return environ, command, int(stat[1])
     except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
         return None
-    if parent == os.getpid() and " -c from multiprocessing." in command:
-        return None
-    return Leftover(int(pid), command)
 
 
 def tagged(variable: str, tag: str) -> list[Leftover]:
-    """The live processes (zombies have no environment left) whose environment holds
-    variable=tag,
-    but the helpers Python's multiprocessing starts for the calling process itself (its resource
-    tracker), which live as long as that process by design. A process caught inside execve is
-    read again until its new program's environment is in place (up to 0.2 s)."""
+    """The live processes whose environment holds variable=tag, but the helpers Python's
+    multiprocessing starts for the calling process itself (its resource tracker), which live as
+    long as that process by design. A process whose environment reads empty is read again 5 ms
+    later, until it reads the same command line twice with no environment (a program started
+    with none) or has one (it was inside execve); for 0.2 s at most."""
     needle = f"{variable}={tag}".encode()
-    pending = [e.name for e in os.scandir("/proc")
-               if e.name.isdigit() and int(e.name) != os.getpid()]
+    pending = {e.name: None for e in os.scandir("/proc")
+               if e.name.isdigit() and int(e.name) != os.getpid()}
     found = []
     for _ in range(40):
-        again = []
-        for pid in pending:
-            match = _match(pid, needle)
-            if match is BETWEEN_PROGRAMS:
-                again.append(pid)
-            elif match is not None:
-                found.append(match)
+        again = {}
+        for pid, before in pending.items():
+            if (process := _process(pid, needle)) is None:
+                continue
+            environ, command, parent = process
+            if not environ:
+                if command != before or not command:
+                    again[pid] = command
+            elif not (parent == os.getpid() and " -c from multiprocessing." in command):
+                found.append(Leftover(int(pid), command))
         if not again:
             break
         pending = again
