@@ -9,12 +9,11 @@ import itertools
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
-from bertperf import reaper as bertperf_reaper
 
+from bertperf import reaper as bertperf_reaper
 from tests.support import reaper
 from tests.support.paths import SHARED, WIKI_SAMPLE
 
@@ -68,17 +67,6 @@ def no_process_outlives_its_test(request, monkeypatch):
 _test_numbers = itertools.count()
 
 
-@pytest.fixture(autouse=True)
-def open_mpi_sessions_of_its_own(monkeypatch):
-    """Open MPI's session folders (a job's is named after mpirun's pid) go under a folder of the
-    test's own, removed after it: a daemon killed in an earlier test leaves its folder in /tmp,
-    and a later mpirun given the same pid (pids wrap at 32,768 here) then fails to start."""
-    folder = tempfile.mkdtemp(prefix="ompi-")  # short: PMIx puts its sockets there
-    monkeypatch.setenv("OMPI_MCA_orte_tmpdir_base", folder)
-    yield
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 @pytest.fixture
 def small_disk(tmp_path):
     """small_disk(name, kib, read_only=False): a folder on a tmpfs of that size, which fills as a
@@ -93,7 +81,7 @@ def small_disk(tmp_path):
         path.mkdir()
         options = f"size={kib}k" + (",ro" if read_only else "")
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                              check=False, capture_output=True, text=True)
+                              capture_output=True, text=True)
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
         mounts.append(path)
@@ -127,6 +115,7 @@ def cpu_emulates_bf16() -> bool:
     fp32 on the 2-core AVX2 EPYC), measured as the trainer's warning measures it; tests that
     would train in bf16 take fp32 there."""
     import torch
+
     from bertperf.train.checks import SLOW_PRECISION, matmul_slowdown
     return matmul_slowdown(torch.bfloat16) > SLOW_PRECISION
 
