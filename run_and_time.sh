@@ -105,10 +105,7 @@ else
       "${PYTHON}" -m bertperf launch --nproc-per-node="${DGXNGPU}" train || status=$? ;;
     mpirun)
       : "${MASTER_ADDR:=127.0.0.1}" "${MASTER_PORT:=29500}"
-      # Open MPI 4.1's daemons on other nodes share the topology at an address they guess and
-      # sometimes segfault in hwloc (README "Running"); none: each rank reads its own
-      : "${OMPI_MCA_rtc_hwloc_vmhole:=none}"
-      export MASTER_ADDR MASTER_PORT OMPI_MCA_rtc_hwloc_vmhole
+      export MASTER_ADDR MASTER_PORT
       read -ra mpirun_args <<< "${MPIRUN_ARGS:-}"   # e.g. "--allow-run-as-root --hostfile h"
       mpirun -np "${nproc}" "${mpirun_args[@]}" -x MASTER_ADDR -x MASTER_PORT "${train[@]}" \
         || status=$? ;;

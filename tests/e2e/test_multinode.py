@@ -52,14 +52,17 @@ def test_sbatch_run_sub_trains_across_two_nodes(netns_cluster: NetnsSlurmCluster
 def test_mpirun_across_the_two_namespaces(netns_cluster: NetnsSlurmCluster, data,  # noqa: F811
                                           tmp_path):
     """OpenMPI's own launcher: its agent enters each node's namespace instead of ssh (there is
-    none between namespaces), its out-of-band and TCP traffic stays on the cluster's subnet, and
-    gloo binds the nodes' interface (GLOO_SOCKET_IFNAME: these processes keep the machine's host
-    name, which does not resolve to a node's address)."""
+    none between namespaces) and gives the node its host name, as a node has, its out-of-band
+    and TCP traffic stays on the cluster's subnet, and gloo binds the nodes' interface.
+    Daemons that share a host name share Open MPI's session folder for it: on one machine
+    they failed to start in 9 of 100 two-node starts (a folder gone from under one daemon, or a
+    segfault in hwloc over the topology they share), and in none of 360 with a name each."""
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun (OpenMPI) installed")
     agent = tmp_path / "netns-agent.sh"  # "<agent> <host> <command line>", as ssh is called
     agent.write_text("#!/bin/sh\nhost=$1; shift\n"
-                     f'exec ip netns exec "{netns_cluster.prefix}$host" /bin/sh -c "$*"\n')
+                     f'exec ip netns exec "{netns_cluster.prefix}$host" unshare --uts '
+                     '/bin/sh -c "hostname $host; exec $*"\n')
     agent.chmod(0o755)
     logdir = tmp_path / "results"
     env = {**two_node_env(data, logdir), "MASTER_ADDR": netns_cluster.address(1),
@@ -68,9 +71,9 @@ def test_mpirun_across_the_two_namespaces(netns_cluster: NetnsSlurmCluster, data
            "OMPI_MCA_btl_tcp_if_include": str(netns_cluster.net),
            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "MPIRUN_ARGS": "-H n1:2,n2:2",
-           "GLOO_SOCKET_IFNAME": "eth0"}  # the host name ("vm") is not the node's here
+           "GLOO_SOCKET_IFNAME": "eth0"}
     run = subprocess.run(["bash", str(ROOT / "run_and_time.sh")], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=240)
+                         check=False, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     logs = list(logdir.glob("result_*.txt"))
     assert len(logs) == 1, logs
