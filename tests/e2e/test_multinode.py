@@ -51,19 +51,15 @@ def test_sbatch_run_sub_trains_across_two_nodes(netns_cluster: NetnsSlurmCluster
 
 def test_mpirun_across_the_two_namespaces(netns_cluster: NetnsSlurmCluster, data,  # noqa: F811
                                           tmp_path):
-    """OpenMPI's own launcher: its agent enters each node's namespace instead of ssh (there is
-    none between namespaces) and gives the node its host name, as a node has, its out-of-band
-    and TCP traffic stays on the cluster's subnet, and gloo binds the nodes' interface.
-    Daemons that share a host name share Open MPI's session folder for it: on one machine
-    they failed to start in 9 of 100 two-node starts (a folder gone from under one daemon, or a
-    segfault in hwloc over the topology they share), and in none of 360 with a name each."""
+    """OpenMPI's own launcher: its agent enters each node (its namespace, under its host name)
+    instead of ssh (there is none between namespaces), its out-of-band and TCP traffic stays on
+    the cluster's subnet, and gloo binds the nodes' interface. Daemons that share a host name
+    share Open MPI's session folder for it: on one machine they failed to start in 9 of 100
+    two-node starts (a folder gone from under one daemon, or a segfault in hwloc over the
+    topology they share), and in none of 360 with a name each."""
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun (OpenMPI) installed")
-    agent = tmp_path / "netns-agent.sh"  # "<agent> <host> <command line>", as ssh is called
-    agent.write_text("#!/bin/sh\nhost=$1; shift\n"
-                     f'exec ip netns exec "{netns_cluster.prefix}$host" unshare --uts '
-                     '/bin/sh -c "hostname $host; exec $*"\n')
-    agent.chmod(0o755)
+    agent = netns_cluster.remote_shell(tmp_path / "netns-agent.sh")
     logdir = tmp_path / "results"
     env = {**two_node_env(data, logdir), "MASTER_ADDR": netns_cluster.address(1),
            "LAUNCHER": "mpirun", "OMPI_MCA_plm_rsh_agent": str(agent),

@@ -12,7 +12,8 @@ systems slurmd 22.05 looks for: each slurmd starts through a small script that m
 in that private mount namespace, then runs `slurmd -D -N n<k>` in a UTS namespace of its own
 whose host name is n<k>. Jobs inherit all of it: a task on n2 sees only n2's address and names.
 
-`cut(node)` / `mend(node)` take a node's link down and up (`ip link set eth0 down` inside it).
+`cut(node)` / `mend(node)` take a node's link down and up (`ip link set eth0 down` inside it);
+`remote_shell(path)` writes an agent that enters a node as ssh would (mpirun's plm_rsh_agent).
 
 Tear-down stops the daemons (the supervisor of slurm_cluster.py) and removes the namespaces, the
 veth pairs, the bridge and the /etc/netns entries, also when a test fails. Needs root, iproute2
@@ -78,6 +79,17 @@ class NetnsSlurmCluster(SlurmCluster):
 
     def namespace(self, node: int) -> str:
         return f"{self.prefix}n{node}"
+
+    def remote_shell(self, path: Path) -> Path:
+        """An agent at `path` that runs a command on a node as ssh would (`<agent> n<k>
+        <command line>`): in the node's namespace, under the node's own host name (daemons that
+        share one share Open MPI's session folder, docs/design.md). For `mpirun`'s
+        plm_rsh_agent."""
+        path.write_text("#!/bin/sh\nhost=$1; shift\n"
+                        f'exec ip netns exec "{self.prefix}$host" unshare --uts '
+                        '/bin/sh -c "hostname $host; exec $*"\n')
+        path.chmod(0o755)
+        return path
 
     # ---- slurm.conf and daemons (SlurmCluster's hooks)
     def controller(self) -> str:
