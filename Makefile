@@ -7,8 +7,10 @@ OUT ?= out
 # torch: the CPU build is pinned and installed first, so that `torch` in pyproject.toml is
 # already met (a bare `torch` would download a multi-GB CUDA build). GPU machines bring their own.
 TORCH_CPU ?= torch==2.13.0
+# the torch lines with tested versions (constraints/torch<line>.txt): make test-torch<line>
+COMPAT_LINES := $(patsubst constraints/torch%.txt,%,$(wildcard constraints/torch*.txt))
 
-.PHONY: setup system-deps test test-fast test-torch2.11 demo demo-wiki bench-prep gpu-check \
+.PHONY: setup system-deps test test-fast $(addprefix test-torch,$(COMPAT_LINES)) demo demo-wiki bench-prep gpu-check \
 	gpu-bundle lint clean loss-curve container-image container-test
 
 setup: system-deps $(VENV)/.installed
@@ -57,17 +59,16 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(UNIT); unit=$$?; $(PY) -m pytest -q -m "not slow" $(E2E); \
 	  e2e=$$?; exit $$(( unit || e2e ))
 
-# The unit tests on the oldest supported line (constraints/torch2.11.txt, the GPU image's
-# versions), in a venv of their own; needs the network: PyPI's torch 2.11 is its CUDA build
-# (several GB), which runs on the CPU as well.
-COMPAT_VENV ?= .venv-torch2.11
+# The unit tests on an older supported line (constraints/torch<line>.txt: 2.10 is NGC 25.12's line,
+# 2.11 the GPU machine's), in a venv of its own, .venv-torch<line>; needs the network: PyPI's torch
+# of those lines is its CUDA build (several GB), which runs on the CPU as well.
 COMPAT_PYTHON ?= python3.12
-test-torch2.11:
-	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
-	$(COMPAT_VENV)/bin/python -m pip install -q -e '.[test]' -c constraints/torch2.11.txt
-	$(call vocab,$(COMPAT_VENV))
-	$(COMPAT_VENV)/bin/python -m pytest -q $(UNIT)
+$(addprefix test-torch,$(COMPAT_LINES)): test-torch%:
+	$(COMPAT_PYTHON) -m venv .venv-torch$*
+	.venv-torch$*/bin/python -m pip install -q --upgrade pip
+	.venv-torch$*/bin/python -m pip install -q -e '.[test]' -c constraints/torch$*.txt
+	$(call vocab,.venv-torch$*)
+	.venv-torch$*/bin/python -m pytest -q $(UNIT)
 
 # The image for real, with podman and runc (root): container/build.sh makes a Debian bookworm base
 # (debootstrap + podman import) and builds the Dockerfile on it with the CPU torch wheel (both

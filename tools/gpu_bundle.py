@@ -29,8 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "implementations" / "pytorch"))
 
+from bertperf import versions  # noqa: E402
 from bertperf.errors import UserError  # noqa: E402
 from bertperf.resources import VOCAB_MD5, find_vocab, install_vocab  # noqa: E402
+from bertperf.versions import name_of  # noqa: E402
 
 LIMIT = 24 * 2**20
 """Bytes: the bundle travels with the checkout, beside other files, under a 64 MiB cap."""
@@ -41,31 +43,15 @@ TARGET_HAS = ("torch", "triton", "numpy", "h5py", "mpi4py", "tokenizers", "trans
 transformers brings)."""
 NLTK_NEEDS = ("defusedxml==0.7.1", "joblib==1.6.0")
 """nltk's declared dependencies beyond the target's."""
-TORCHAO = {"2.11": "0.17.0", "2.13": "0.18.0"}
-"""torch's minor release -> the torchao release built for it (FP8=1)."""
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
-def name_of(requirement: str) -> str:
-    """A requirement's distribution name, normalised (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group()).lower()
-
-
 def requirements(torch: str, torchao: str | None, have: set[str]) -> list[str]:
-    """What the target lacks: pyproject.toml's dependencies, nltk's and torchao for its torch."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        raise UserError("reading pyproject.toml needs Python 3.11 or newer (tomllib); run "
-                        "this with one, or give --wheelhouse") from None
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    minor = ".".join(torch.split(".")[:2])
-    torchao = torchao or TORCHAO.get(minor)
-    if torchao is None:
-        raise UserError(f"--torch {torch}: no torchao release known to be built for it "
-                        f"(known: {', '.join(f'{t} -> {a}' for t, a in TORCHAO.items())}); "
-                        "name one with --torchao")
-    wanted = [*project["dependencies"], *NLTK_NEEDS, f"torchao=={torchao}"]
+    """What the target lacks: pyproject.toml's dependencies, nltk's and torchao (the release
+    built for its torch, unless named)."""
+    project = versions.load_project((ROOT / "pyproject.toml").read_text())
+    wanted = [*versions.requirements(project, ["fp8"], torchao or versions.torchao_for(torch, "--torch"),
+                                     lambda r: False), *NLTK_NEEDS]
     return [r for r in wanted if name_of(r) not in have]
 
 

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "implementations" / "pytorch"
 sys.path.insert(0, str(PACKAGE))
 
-from bertperf import reaper  # noqa: E402 (the standard library alone)
+from bertperf import reaper, versions  # noqa: E402 (the standard library alone)
 
 TAG = "GPU_CHECK_STEP"
 """The variable every process of a step carries, to be found when the step ends."""
@@ -305,7 +305,7 @@ def install_bundle(bundle: Path, python: str, site: Path, env: dict) -> list[str
     py, installed = json.loads(probe.stdout)
     torch_version = installed.pop("torch") or "none"
     if py.rsplit(".", 1)[0] != target["python"] \
-            or torch_version.split("+")[0].rsplit(".", 1)[0] != target["torch"].rsplit(".", 1)[0]:
+            or versions.torch_line(torch_version) != versions.torch_line(target["torch"]):
         raise CheckError(f"--bundle {bundle} was made for Python {target['python']} and torch "
                          f"{target['torch']}; this interpreter has Python {py} and torch "
                          f"{torch_version} (make gpu-bundle --python/--torch for it)")

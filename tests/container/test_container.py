@@ -5,7 +5,11 @@ client talking to `podman system service`, and through `sbatch run.sub` with
 CONTAINER_RUNTIME=podman on the local Slurm cluster (tests/support/slurm_cluster.py). The MLPerf
 logs the runs write to the host must pass the compliance checker. A missing image, a results folder
 that cannot be written and a missing data folder each stop a launch with one line and no result
-file.
+file. On a base that behaves as NGC's PyTorch images do for pip (tests/support/ngc_base.py: a
+pre-release torch, a constraints file pinning it and its neighbours) the Dockerfile builds, leaves
+torch's files, torch's and numpy's versions and the constraints byte for byte as they were, and
+the CPU job runs in it; on a base whose torch is of an unsupported line, the build stops in one
+line naming it.
 
 The job is config_CPU_1x2x32x1.sh (2 ranks, gloo) with its data and length swapped for the copy
 task (tests/support/copy_task.py), as in tests/e2e/test_launch.py: a config file sourcing it and
@@ -15,6 +19,7 @@ environment's)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ngc_base
 from tests.support.launch import assert_compliant, data, job_env  # noqa: F401
 from tests.support.mlperf_logs import events
 from tests.support.net import free_port
@@ -208,3 +214,49 @@ def test_run_sub_podman_fails_in_one_line(image, slurm_cluster: SlurmCluster, da
     assert len(lines) == 1 and lines[0].startswith("run.sub: error: ") \
         and message in lines[0], lines
     assert not list(logdir.iterdir())
+
+
+NGC_LIKE_BASE = "localhost/bertperf-ngclike:base"
+NGC_LIKE_IMAGE = "localhost/bertperf:ngclike"
+
+
+@pytest.fixture(scope="module")
+def ngc_like(image, tmp_path_factory) -> tuple[dict, dict, str]:
+    """The Dockerfile built on the NGC-like base: the base's fingerprint, the image's, and the
+    build's output."""
+    env = podman_env()
+    ngc_base.ngc_like(env, NGC_LIKE_BASE, tmp_path_factory.mktemp("ngc_like"))
+    before = json.loads(ngc_base.fingerprint(env, NGC_LIKE_BASE))
+    build = ngc_base.build_project(env, NGC_LIKE_IMAGE, NGC_LIKE_BASE)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    return before, json.loads(ngc_base.fingerprint(env, NGC_LIKE_IMAGE)), build.stdout
+
+
+def test_the_image_leaves_an_ngc_bases_torch_as_it_was(ngc_like):
+    before, after, out = ngc_like
+    assert (before["torch"], before["numpy"]) == (ngc_base.PRERELEASE, ngc_base.NUMPY)
+    assert f"torch=={ngc_base.PRERELEASE}" in before["constraints"]
+    assert after == before
+    # what was installed is what the base lacked: torchao of torch 2.13's line among it
+    kept = next(line for line in out.splitlines() if line.startswith("the base's, kept: "))
+    assert f"torch=={ngc_base.PRERELEASE}" in kept and "torchao==0.18.0" in kept, kept
+
+
+def test_the_cpu_job_runs_in_the_ngc_like_image(ngc_like, config, data, tmp_path):
+    logdir = tmp_path / "results"
+    run = run_with_docker(config, data, logdir, DOCKER="podman", CONT=NGC_LIKE_IMAGE)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert_runs_logged(logdir, 1)
+
+
+def test_a_base_of_an_unsupported_torch_fails_the_build_in_one_line(image, tmp_path):
+    env = podman_env()
+    base = "localhost/bertperf-outofrange:base"
+    ngc_base.out_of_range(env, base, tmp_path / "base")
+    build = ngc_base.build_project(env, "localhost/bertperf:outofrange", base)
+    assert build.returncode != 0
+    said = [line for line in (build.stdout + build.stderr).splitlines()
+            if "container/requirements.py: error: " in line]
+    assert said == [f"container/requirements.py: error: the base image's torch "
+                    f"{ngc_base.OUT_OF_RANGE} is outside bertperf's supported torch lines, 2.10 to "
+                    "2.13 (NGC's pre-releases of those lines included)"], build.stderr[-3000:]

@@ -136,7 +136,8 @@ def test_ddp_reduces_into_the_flat_buffer(tmp_path):
     out = subprocess.run([sys.executable, "-c", DDP_SCRIPT, str(tmp_path / "store")],
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": PYTHONPATH})
-    assert out.stdout.strip() == "in place", out.stderr[-2000:]
+    # (torch 2.10's gloo prints its connections to stdout first)
+    assert out.stdout.strip().splitlines()[-1:] == ["in place"], out.stderr[-2000:]
 
 
 def test_a_replaced_grad_is_copied_back():

@@ -17,7 +17,7 @@ import bertperf
 PACKAGE = Path(bertperf.__file__).parent
 
 FLOORS = {  # room -> floor; a room imports only rooms on lower floors (and itself)
-    "errors": 1, "benchmark": 1, "commands": 1, "reaper": 1, "host": 1,
+    "errors": 1, "benchmark": 1, "commands": 1, "reaper": 1, "host": 1, "versions": 2,
     "config": 2, "formats": 2,
     "resources": 3, "data": 3, "kernels": 3,
     "model": 4, "optim": 4, "prep": 4,

@@ -15,6 +15,7 @@ from functools import cached_property
 
 import torch
 
+from bertperf import versions
 from bertperf.benchmark import CLOSED, OPEN, TARGET_ACCURACY
 from bertperf.config import RunConfig, layerwise_stages
 from bertperf.errors import UserError
@@ -142,6 +143,15 @@ class Refusal:
     when: Callable[[Facts], bool]
     why: Callable[[Facts], str]
     """The line said, naming the settings and their values."""
+
+
+def _torchao_hint() -> str:
+    """How to install the torchao release built for this torch (bertperf.versions)."""
+    line = versions.torch_line(torch.__version__)
+    if line in versions.TORCHAO:
+        return f"pip install torchao=={versions.TORCHAO[line]}, the release built for torch {line}"
+    return (f"torch {torch.__version__} is outside bertperf's supported torch lines, "
+            f"{versions.supported_range()}")
 
 
 def _cuda_build() -> str:
@@ -290,8 +300,7 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("fp8_without_torchao", MACHINE,
             lambda f: f.t.fp8 != "0" and not f.torchao,
             lambda f: f"FP8={f.t.fp8} trains with torchao's float8 training, which is not "
-                      "installed here (pip install torchao: 0.18.0 with torch 2.13, 0.17.0 with "
-                      "2.11; or make setup)"),
+                      f"installed here ({_torchao_hint()}; or make setup)"),
     Refusal("fp8_without_fp8_gpu", MACHINE,  # a rank without a GPU: rank_without_gpu says it
             lambda f: f.t.fp8 == "1" and not (f.on_gpu and f.cfg.dist.local_rank >= f.gpus)
             and f.fp8_problem is not None,
