@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bertperf.errors import UserError
+from bertperf.train.dist import Dist
 from tests.support.copy_task import env_for
 
 WORLD, STEPS, RANK, START = 2, 6, 2, 2
@@ -234,9 +235,8 @@ def worker(rank: int, store: Path, case: str) -> None:
             powersgd_buckets(rank)
         else:
             localsgd(rank)
-        tdist.barrier()  # every collective of both ranks done before either tears its group down
     finally:
-        tdist.destroy_process_group()
+        Dist(rank, WORLD).close()  # every collective of both ranks done, as the trainer leaves
 
 
 @pytest.mark.parametrize("case", ["bf16", "fp16", "powersgd", "powersgd_buckets", "localsgd"])

@@ -292,10 +292,12 @@ def packed_deep(config: Path, path: Path) -> Path:
 def gloo_group(tmp_path):
     """A one-process gloo group (DDP and the sharded LAMB need one)."""
     import torch.distributed as tdist
+
+    from bertperf.train.dist import Dist
     tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                              world_size=1)
     yield
-    tdist.destroy_process_group()
+    Dist(0, 1).close()
 
 
 @pytest.mark.parametrize("reduction, embeddings", [("allreduce", "frozen"),

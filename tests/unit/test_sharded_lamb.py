@@ -22,6 +22,7 @@ from bertperf.errors import UserError
 from bertperf.optim import (DynamicLossScaler, FlatLamb, Lamb, LinearWarmupPolyDecay, ShardedLamb,
                             clipped_step, param_groups)
 from bertperf.optim.sharded_lamb import _all_gather, _reduce_scatter, shard_numel
+from bertperf.train.dist import Dist
 from tests.support.models import tiny_bert
 
 STEPS, SAVED_AT, SKIPPED = 6, 3, 4  # steps of a run; the checkpoint's step; the non-finite step
@@ -139,7 +140,7 @@ def worker(rank: int, world: int, out: Path, resume: Path | None) -> None:
         if rank == 0:
             torch.save(everyone, out / f"result_{world}.pt")
     finally:
-        tdist.destroy_process_group()
+        Dist(rank, world).close()
 
 
 def spawn(world: int, out: Path, resume: Path | None = None) -> list[dict]:

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -45,14 +46,58 @@ class Dist:
         return int(t.item())
 
     def close(self) -> None:
-        """Leave the group. The barrier and the pause let gloo's worker threads finish releasing
-        the last collectives' tensors (which takes the GIL) before the group's destructor joins
-        those threads while holding the GIL; without them a rank could hang at exit."""
+        """Leave the group (any group this process is in, one rank's included): a barrier, so
+        that every rank's collectives are done; then, the GIL free, until gloo's worker threads
+        are idle (gloo_workers_idle); then destroy it. The one way out of a group, for the
+        trainer, its benchmarks and the tests (docs/design.md, "Leaving the process group")."""
         _heartbeat.stop.set()
-        if self.active and tdist.is_initialized():
+        if tdist.is_initialized():
             tdist.barrier()
-            time.sleep(0.2)
+            gloo_workers_idle()
             tdist.destroy_process_group()
+
+
+GLOO_WORKER = "pt_gloo_runloop"
+"""The name gloo's worker threads carry (torch 2.10 to 2.13)."""
+
+
+def gloo_workers_idle(timeout: float = 2.0, looks: int = 3) -> bool:
+    """Wait, sleeping (so the GIL is free), until every gloo worker thread of this process has
+    been asleep on `looks` looks 5 ms apart: done with its last collective, including freeing
+    that collective's tensors, which on torch 2.10-2.12 takes the GIL. A worker still asking
+    for it when the interpreter shuts down is ended by CPython with pthread_exit, whose unwinding
+    through the work's destructor aborts the process. False after `timeout` seconds, or where
+    /proc/self/task cannot be read (after the same wait)."""
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < looks:
+        if time.monotonic() > deadline:
+            return False
+        try:
+            states = [_state(task) for task in Path("/proc/self/task").iterdir()
+                      if _name(task) == GLOO_WORKER]
+        except OSError:
+            time.sleep(timeout)
+            return False
+        quiet = quiet + 1 if all(s in ("S", None) for s in states) else 0
+        time.sleep(0.005)
+    return True
+
+
+def _name(task: Path) -> str | None:
+    try:
+        return (task / "comm").read_text().strip()
+    except OSError:  # the thread ended
+        return None
+
+
+def _state(task: Path) -> str | None:
+    """A thread's state letter (R running or runnable, S asleep, ...); None when it ended."""
+    try:
+        stat = (task / "stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
 
 
 def init(cfg: DistConfig, device: torch.device) -> Dist:
