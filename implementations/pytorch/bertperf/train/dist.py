@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as tdist
@@ -47,24 +47,28 @@ class Dist:
 
     def close(self) -> None:
         """Leave the group (any group this process is in, one rank's included): a barrier, so
-        that every rank's collectives are done; then, the GIL free, until gloo's worker threads
-        are idle (gloo_workers_idle); then destroy it. The one way out of a group, for the
+        that every rank's collectives are done; on gloo, then, the GIL free, until its worker
+        threads are idle (threads_idle); then destroy it. The one way out of a group, for the
         trainer, its benchmarks and the tests (docs/design.md, "Leaving the process group")."""
         _heartbeat.stop.set()
         if tdist.is_initialized():
             tdist.barrier()
-            gloo_workers_idle()
+            if tdist.get_backend() == "gloo":
+                threads_idle(native_threads)
             tdist.destroy_process_group()
 
 
-GLOO_WORKER = "pt_gloo_runloop"
-"""The name gloo's worker threads carry (torch 2.10 to 2.13)."""
+def native_threads() -> list[int]:
+    """This process's threads that Python did not start (thread ids): gloo's workers (named
+    pt_gloo_runloop from torch 2.11, unnamed on 2.10), its transport loop, the intra-op pool."""
+    python = {t.native_id for t in threading.enumerate()}
+    return [tid for tid in map(int, os.listdir("/proc/self/task")) if tid not in python]
 
 
-def gloo_workers_idle(timeout: float = 2.0, looks: int = 3) -> bool:
-    """Wait, sleeping (so the GIL is free), until every gloo worker thread of this process has
-    been asleep on `looks` looks 5 ms apart: done with its last collective, including freeing
-    that collective's tensors, which on torch 2.10-2.12 takes the GIL. A worker still asking
+def threads_idle(tids: Callable[[], Iterable[int]], timeout: float = 2.0, looks: int = 3) -> bool:
+    """Wait, sleeping (so the GIL is free), until the threads `tids` lists have been asleep on
+    `looks` looks 5 ms apart. For gloo's workers that means done with their last collective,
+    including freeing its tensors, which on torch 2.10-2.12 takes the GIL: a worker still asking
     for it when the interpreter shuts down is ended by CPython with pthread_exit, whose unwinding
     through the work's destructor aborts the process. False after `timeout` seconds, or where
     /proc/self/task cannot be read (after the same wait)."""
@@ -74,8 +78,7 @@ def gloo_workers_idle(timeout: float = 2.0, looks: int = 3) -> bool:
         if time.monotonic() > deadline:
             return False
         try:
-            states = [_state(task) for task in Path("/proc/self/task").iterdir()
-                      if _name(task) == GLOO_WORKER]
+            states = [_state(tid) for tid in tids()]
         except OSError:
             time.sleep(timeout)
             return False
@@ -84,17 +87,12 @@ def gloo_workers_idle(timeout: float = 2.0, looks: int = 3) -> bool:
     return True
 
 
-def _name(task: Path) -> str | None:
+def _state(tid: int) -> str | None:
+    """A thread's state letter (R running or runnable, S asleep, D in I/O, ...); None when it
+    has ended."""
     try:
-        return (task / "comm").read_text().strip()
-    except OSError:  # the thread ended
-        return None
-
-
-def _state(task: Path) -> str | None:
-    """A thread's state letter (R running or runnable, S asleep, ...); None when it ended."""
-    try:
-        stat = (task / "stat").read_text()
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            stat = f.read()
     except OSError:
         return None
     return stat[stat.rindex(")") + 2]
