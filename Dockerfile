@@ -15,9 +15,10 @@ WORKDIR /workspace/bert
 # container/requirements.py pins it, triton and numpy at the base's versions, while NGC's own
 # constraints (/etc/pip/constraint.txt through PIP_CONSTRAINT) pin everything else the base has.
 # Only a base without torch installs one, from the context's .whl/ (never an index's CUDA build;
-# the glob matches nothing in a context without that folder, pyproject.toml always).
+# the glob matches nothing in a context without that folder, pyproject.toml always). torch is
+# looked for, not imported: an import could write bytecode into the base's torch.
 COPY pyproject.toml .wh[l]/torch-*.whl /tmp/wheels/
-RUN python -c 'import torch' 2>/dev/null \
+RUN python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' \
  || pip install --no-cache-dir /tmp/wheels/torch-*.whl \
  && rm -rf /tmp/wheels
 

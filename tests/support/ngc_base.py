@@ -46,15 +46,15 @@ FINGERPRINT = """
 import hashlib, importlib.metadata as m, json, pathlib, sysconfig
 site = pathlib.Path(sysconfig.get_paths()["purelib"])
 digest = hashlib.sha256()
-for root in sorted(site.glob("torch*")):
+for root in sorted([site / "torch", site / "torchgen", *site.glob("torch-*.dist-info")]):
     for path in sorted(p for p in [root, *root.rglob("*")] if p.is_file()):
         digest.update(str(path.relative_to(site)).encode() + b"\\0" + path.read_bytes())
 print(json.dumps({"torch": m.version("torch"), "numpy": m.version("numpy"),
                   "files": digest.hexdigest(),
                   "constraints": pathlib.Path("/etc/pip/constraint.txt").read_text()}))
 """
-"""Run in an image: torch's and numpy's installed versions, one sha256 over every file of
-site-packages' torch* folders (torch, its dist-info, torchgen) with their paths, and NGC's
+"""Run in an image: torch's and numpy's installed versions, one sha256 over every file of torch's
+folders in site-packages (torch, torchgen, its dist-info) with their paths, and NGC's
 constraints file."""
 
 
