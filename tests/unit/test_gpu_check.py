@@ -174,3 +174,26 @@ def test_the_bundle_downloads_what_the_default_target_lacks():
     with pytest.raises(Exception, match="--torch 2.9.0 is outside bertperf's supported torch"):
         bundle_tool.requirements("2.9.0", None, set())
     assert "torchao==0.16.0" in bundle_tool.requirements("2.10.0a0+b4e4ee81d3", None, set())
+
+
+@pytest.mark.parametrize("installed, taken", [("2.11.0a0+b4e4ee81d3", True), ("2.11.1", True),
+                                              ("2.12.0a0+b4e4ee81d3", False)])
+def test_a_bundle_takes_every_build_of_its_torch_line(tmp_path, vocab_file, foldoc, installed,
+                                                      taken):
+    """A bundle made for torch 2.11.0 on an interpreter whose torch reads as NGC writes it (a
+    dist-info ahead of site-packages on the path)."""
+    made = make_bundle(tmp_path / "bundle", probe_wheel(tmp_path / "wheels").parent, vocab_file,
+                       foldoc, "--torch", "2.11.0")
+    assert made.returncode == 0, made.stderr
+    fake = tmp_path / "fake" / f"torch-{installed}.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {installed}\n")
+    check = load_tool("gpu_check")
+    env = {**os.environ, "PYTHONPATH": str(fake.parent)}
+    if taken:
+        lines = check.install_bundle(tmp_path / "bundle", sys.executable, tmp_path / "site", env)
+        assert "torch 2.11.0)" in lines[0]
+    else:
+        with pytest.raises(check.CheckError, match=f"this interpreter has Python .* and torch "
+                                                   f"{re.escape(installed)}"):
+            check.install_bundle(tmp_path / "bundle", sys.executable, tmp_path / "site", env)
