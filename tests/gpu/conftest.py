@@ -17,6 +17,17 @@ import torch
 from tests.support.paths import ROOT
 
 
+@pytest.fixture(autouse=True, scope="session")
+def inductor_compiles_in_process():
+    """Inductor's pool of compile workers would serve the whole pytest process, so the test that
+    first compiles would leave processes behind (tests/conftest.py fails such a test); one thread
+    compiles in the test's own process instead."""
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(compile_threads=1):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def compiled_triton():
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):

@@ -63,8 +63,12 @@ def trainer_for(env: dict, tmp_path: Path, **extra: str):
 @contextlib.contextmanager
 def no_host_sync_outside_reports(monkeypatch):
     """CUDA's sync debug mode at "error" (a host sync raises) except inside Interval.read, the
-    loop's one wait for the device; the mode and Interval.read restored on leaving."""
+    loop's one wait for the device, and while torch.compile compiles (dynamo's compile callbacks:
+    the first step's tracing, the lazy backward's compile, CUDA-graph recording; inductor's
+    constant folding reads device values once, there); the mode, Interval.read and the callbacks
+    restored on leaving."""
     import torch
+    from torch._dynamo.callback import callback_handler
 
     from bertperf.train import loop
     real_read = loop.Interval.read
@@ -76,12 +80,22 @@ def no_host_sync_outside_reports(monkeypatch):
         finally:
             torch.cuda.set_sync_debug_mode("error")
 
+    def compiling(*_):
+        torch.cuda.set_sync_debug_mode("default")
+
+    def compiled(*_):
+        torch.cuda.set_sync_debug_mode("error")
+
     monkeypatch.setattr(loop.Interval, "read", read)
+    callback_handler.register_start_callback(compiling)
+    callback_handler.register_end_callback(compiled)
     torch.cuda.set_sync_debug_mode("error")
     try:
         yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
+        callback_handler.remove_start_callback(compiling)
+        callback_handler.remove_end_callback(compiled)
         monkeypatch.setattr(loop.Interval, "read", real_read)
 
 

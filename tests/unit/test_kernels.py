@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from bertperf.kernels import (Kernels, LambLayout, bias_gelu, bias_gelu_layer_norm,
+from bertperf.kernels import (Kernels, backend, LambLayout, bias_gelu, bias_gelu_layer_norm,
                               bias_gelu_layer_norm_reference, bias_gelu_reference,
                               cross_entropy_sum, cross_entropy_sum_reference,
                               dropout_add_layer_norm, dropout_add_layer_norm_reference,
@@ -41,6 +41,15 @@ def test_importing_kernels_loads_no_triton():
 
 
 # ---- bias + GeLU -------------------------------------------------------------------------------
+
+def test_the_triton_question_compiles_in_one_graph():
+    """A CUDA step asks triton_installed inside torch.compile (use_triton, on a CUDA tensor
+    without assume_cuda): it traces without a graph break (dynamo refuses importlib's find_spec)."""
+    step = torch.compile(lambda x: x * 2 if backend.triton_installed() else x, backend="eager",
+                         fullgraph=True)
+    expected = 2 if backend.triton_installed() else 1
+    torch.testing.assert_close(step(torch.ones(2)), torch.full((2,), float(expected)))
+
 
 def test_bias_gelu_matches_reference():
     x, b = leaves((5, 3, 16), (16,))

@@ -5,7 +5,6 @@ FUSED_KERNELS). Triton itself is imported only when a kernel first runs."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,10 +12,14 @@ from dataclasses import dataclass, field
 import torch
 
 
-@functools.cache
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+"""Whether `import triton` would work, found once without importing it (torch.compile refuses to
+trace importlib's find_spec, so the step never calls it)."""
+
+
 def triton_installed() -> bool:
     """Whether `import triton` would work (found without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_FOUND
 
 
 @dataclass(frozen=True)
