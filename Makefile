@@ -137,11 +137,12 @@ gpu-check: $(if $(PYTHON),,setup)
 	  $(if $(PYTHON),$(if $(wildcard $(BUNDLE)/bundle.json),--bundle $(BUNDLE))) $(GPU_CHECK_ARGS)
 
 # On a connected machine: what an offline GPU machine lacks (wheels for its Python and torch,
-# vocab.txt, FOLDOC), at most 24 MiB, into $(BUNDLE) (ignored by git: carry it with the checkout).
+# vocab.txt, FOLDOC), at most 24 MiB, into $(BUNDLE) (ignored by git: carry it with the checkout;
+# an earlier bundle there is replaced, any other folder refused).
 # GPU_BUNDLE_ARGS takes another target (--python, --torch, --have).
 GPU_BUNDLE_ARGS ?=
 gpu-bundle:
-	python3 tools/gpu_bundle.py --out $(BUNDLE) \
+	python3 tools/gpu_bundle.py --out $(BUNDLE) --force \
 	  $(if $(wildcard $(VENV)/share/bertperf/vocab.txt),--vocab $(VENV)/share/bertperf/vocab.txt) \
 	  $(GPU_BUNDLE_ARGS)
 

@@ -31,6 +31,8 @@ sys.path.insert(0, str(ROOT / "implementations" / "pytorch"))
 
 from bertperf import versions  # noqa: E402
 from bertperf.errors import UserError  # noqa: E402
+from bertperf.formats.files import folder_problem  # noqa: E402
+from bertperf.formats.outputs import MARKER, claim, output_folder  # noqa: E402
 from bertperf.resources import VOCAB_MD5, find_vocab, install_vocab  # noqa: E402
 from bertperf.versions import name_of  # noqa: E402
 
@@ -133,7 +135,7 @@ def build(args: argparse.Namespace, folder: Path) -> dict:
     foldoc(args.foldoc, folder / "foldoc")
     shutil.rmtree(folder / "deb", ignore_errors=True)
     files = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER):
         data = path.read_bytes()
         files.append({"path": path.relative_to(folder).as_posix(), "bytes": len(data),
                       "sha256": hashlib.sha256(data).hexdigest(),
@@ -164,29 +166,24 @@ def main() -> int:
                    help="take every wheel in this folder instead of downloading (offline)")
     p.add_argument("--vocab", type=Path, help="the MLPerf vocab.txt to take (md5-checked)")
     p.add_argument("--foldoc", type=Path, help="a foldoc.dict.dz with foldoc.index beside it")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out where it is an earlier bundle (once the new one is "
+                        "complete); a folder this tool did not write is never replaced")
     args = p.parse_args()
     if not re.fullmatch(r"3\.\d+", args.python):
         raise UserError(f"--python {args.python}: give major.minor, e.g. 3.12")
-    out = args.out.resolve()
+    inputs = [("--wheelhouse", args.wheelhouse), ("--vocab", args.vocab),
+              ("--foldoc", args.foldoc)]
+    claim("--out", args.out, "gpu-bundle", inputs=inputs, force=args.force)
+    if why := folder_problem(args.out.resolve().parent):
+        raise UserError(f"--out {args.out}: cannot write beside it ({why})")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        staging.chmod(0o755)
-    except OSError as exc:
-        raise UserError(f"--out {args.out}: cannot write beside it ({exc.strerror})") from None
-    try:
-        meta = build(args, staging)
-        (staging / "bundle.json").write_text(json.dumps(meta, indent=1) + "\n")
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            out.rename(old)
-        staging.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        with output_folder(args.out.resolve(), "gpu-bundle") as staging:
+            staging.chmod(0o755)
+            meta = build(args, staging)
+            (staging / "bundle.json").write_text(json.dumps(meta, indent=1) + "\n")
     except OSError as exc:
         raise UserError(f"--out {args.out}: {exc.strerror or exc}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     total = sum(f["bytes"] for f in meta["files"])
     wheels = [f"{f['name']} {f['version']}" for f in meta["files"] if "name" in f]
     print(f"{args.out}: {total / 2**20:.1f} MiB for Python {args.python}, torch {args.torch}: "

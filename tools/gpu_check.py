@@ -9,8 +9,10 @@ fit what is left of `--budget` is "not run: budget", and the rest go on. Output 
 comes; the report (`--report`) is rewritten after every step; `--from STEP` continues that
 report, running STEP and the later steps it does not already hold as passed. Without CUDA it
 goes as far as it can (the environment, the data, the GPU tests collected) and stops with one
-line saying why. Exit status 0 only when every step passed. Of bertperf it imports only
-bertperf.reaper (the standard library alone), so that its report is written even when the
+line saying why. Exit status 0 only when every step passed. Every output path is checked before
+the first step (bertperf.formats.outputs: --out is a folder of the check's own or new, a report
+continued is one of its reports). Of bertperf it imports only reaper, versions and
+formats.outputs (the standard library alone), so that its report is written even when the
 package is broken.
 """
 
@@ -39,6 +41,9 @@ PACKAGE = ROOT / "implementations" / "pytorch"
 sys.path.insert(0, str(PACKAGE))
 
 from bertperf import reaper, versions  # noqa: E402 (the standard library alone)
+from bertperf.errors import UserError  # noqa: E402
+from bertperf.formats.files import folder_problem  # noqa: E402
+from bertperf.formats.outputs import claim, mark  # noqa: E402
 
 TAG = "GPU_CHECK_STEP"
 """The variable every process of a step carries, to be found when the step ends."""
@@ -361,11 +366,29 @@ def print_plan() -> None:
         print(f"| `{s.name}`: {s.title} | {s.estimate} | {s.limit} | {needs or '-'} |")
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every path the check writes, before any step: --out (new, empty or the check's own), and
+    --report (a new file, or with --from one of the check's reports), else --reports."""
+    if args.report is not None and args.report.is_file() and args.start is None:
+        raise CheckError(f"{args.report} exists: continue it with --from STEP, or name another "
+                         "--report")
+    try:
+        claim("--out", args.out, "gpu-check")
+        if args.report is not None:
+            claim("--report", args.report, "gpu-check report", force=True)
+    except UserError as exc:
+        raise CheckError(str(exc)) from None
+    if args.report is None and (why := folder_problem(args.reports)):
+        raise CheckError(f"--reports {args.reports}: cannot be written: {why}")
+    mark(args.out, "gpu-check")
+
+
 def main() -> int:
     args = parse()
     if args.list:
         print_plan()
         return 0
+    check_outputs(args)
     if args.budget <= 0:
         raise CheckError(f"--budget {args.budget:g}: must be a positive number of seconds")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a running step is stopped too

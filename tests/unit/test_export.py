@@ -17,6 +17,7 @@ import torch
 
 from bertperf.__main__ import main
 from bertperf.errors import UserError
+from bertperf.formats.outputs import MARKER
 from bertperf.model import BertForPreTraining, PaddedBatch, unpad
 from tests.support.copy_task import make_dataset, tiny_bert_config
 from tests.support.models import MAX_PRED, assert_same_logits_as_hf, samples
@@ -73,7 +74,7 @@ def test_the_success_checkpoint_exports_with_its_card(trained, exported, capsys)
     folder holds HF's files, the card telling the run's log, switches, data and command."""
     assert [p.name for p in trained["ck"].iterdir()] == ["ckpt_00000002.pt"]
     assert sorted(p.name for p in exported.iterdir()) == [
-        "README.md", "config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
+        MARKER, "README.md", "config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
     assert json.loads((exported / "config.json").read_text())["vocab_size"] == 32
     card = (exported / "README.md").read_text()
     for fact in ("ckpt_00000002.pt: step 2, 16 samples trained",
@@ -185,8 +186,8 @@ def error_line(capsys) -> str:
 
 
 def test_bad_inputs_are_one_line(trained, exported, tmp_path, capsys):
-    """No checkpoint; an output folder that exists and is not empty without --force (kept as it
-    was; --force replaces it); a vocab of another size."""
+    """No checkpoint; an output folder export did not write, with or without --force (kept as
+    it was); an earlier export, replaced with --force only; a vocab of another size."""
     assert main(["export", "--checkpoint", str(tmp_path / "none.pt"), "--output",
                  str(tmp_path / "o")]) == 1
     assert error_line(capsys) == f"bertperf: error: checkpoint {tmp_path / 'none.pt'}: no such file"
@@ -199,13 +200,20 @@ def test_bad_inputs_are_one_line(trained, exported, tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "mine.txt").write_text("keep")
-    assert export(trained, taken) == 1
-    assert error_line(capsys) == (f"bertperf: error: --output {taken}: exists and is not empty "
-                                  "(--force replaces it)")
-    assert [p.name for p in taken.iterdir()] == ["mine.txt"]
-    assert export(trained, taken, "--force") == 0
-    assert sorted(p.name for p in taken.iterdir()) == sorted(p.name for p in exported.iterdir())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "taken"]  # nothing aside
+    for force in ((), ("--force",)):
+        assert export(trained, taken, *force) == 1
+        assert error_line(capsys) == (f"bertperf: error: --output {taken}: is a folder export "
+                                      "did not write (it holds other files): name a new or "
+                                      "empty folder")
+        assert [p.name for p in taken.iterdir()] == ["mine.txt"]
+    again = tmp_path / "again"
+    assert export(trained, again) == 0
+    assert export(trained, again) == 1
+    assert error_line(capsys) == (f"bertperf: error: --output {again}: exists, an earlier "
+                                  "export output (--force replaces it)")
+    assert export(trained, again, "--force") == 0
+    assert sorted(p.name for p in again.iterdir()) == sorted(p.name for p in exported.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "empty", "taken"]
     capsys.readouterr()
     other = tmp_path / "vocab.txt"
     other.write_text("[PAD]\n[UNK]\n")
@@ -217,7 +225,7 @@ def test_bad_inputs_are_one_line(trained, exported, tmp_path, capsys):
 
 def test_a_full_disk_leaves_no_partial_folder(trained, exported, small_disk, capsys):
     """The disk fills while the weights are written: one line naming the folder, no folder or
-    temporary left; with --force, the folder that was there stays whole."""
+    temporary left; with --force, the earlier export that was there stays whole."""
     size = (exported / "model.safetensors").stat().st_size
     disk = small_disk("disk", kib=size // 1024 // 2)
     out = disk / "model"
@@ -226,11 +234,12 @@ def test_a_full_disk_leaves_no_partial_folder(trained, exported, small_disk, cap
                                   f"device (in {disk}); nothing under that name changed")
     assert list(disk.iterdir()) == []
     out.mkdir()
-    (out / "mine.txt").write_text("keep")
+    (out / MARKER).write_text("export\n")  # an earlier export's folder, as small as it gets
+    (out / "config.json").write_text("{}")
     assert export(trained, out, "--force") == 1
     capsys.readouterr()
     assert [p.name for p in disk.iterdir()] == ["model"]
-    assert (out / "mine.txt").read_text() == "keep"
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "config.json"]
 
 
 def hf_folder(exported: Path, tmp_path: Path, changes: dict[str, dict | None]) -> Path:

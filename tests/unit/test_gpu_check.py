@@ -101,8 +101,13 @@ def test_the_time_plan_is_listed_in_order_of_value():
     (["--budget", "0"], "--budget 0: must be a positive number of seconds"),
     (["--from", "kernels", "--reports", "{tmp}/none"],
      "--from kernels: no report for no_CUDA in {tmp}/none to continue (name it with --report)"),
-    (["--reports", "/proc/no/such/folder"], "cannot write the report /proc/no/such/folder/"),
-    (["--reports", "{tmp}/a_file/reports"], "cannot write the report {tmp}/a_file/reports/"),
+    (["--reports", "/proc/no/such/folder"], "--reports /proc/no/such/folder: cannot be written: "
+     "cannot be made: /proc is not writable ("),
+    (["--reports", "{tmp}/a_file/reports"], "--reports {tmp}/a_file/reports: cannot be written: "
+     "cannot be made: {tmp}/a_file is a file"),
+    (["--report", "{tmp}"], "--report {tmp}: is a folder, expected the name of a file to write"),
+    (["--report", "{tmp}/a_file", "--from", "kernels"], "--report {tmp}/a_file: exists and is not "
+     "a file gpu-check report wrote: name another output"),
 ])
 def test_faults_of_the_command_line_are_one_line(tmp_path, argv, message):
     (tmp_path / "a_file").write_text("not a folder")

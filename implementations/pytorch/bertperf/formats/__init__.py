@@ -10,6 +10,7 @@
   reading.py   a file of any of several layouts as Samples (stages and the trainer's eval set)
   manifest.py  MANIFEST.json: md5/size/count per output, resume keys, inputs checked against it
   files.py     atomic outputs (temporary name, then rename), strict UTF-8 reading, md5
+  outputs.py   what a command that writes may replace (one rule, one entry per writer)
 
 numpy and h5py only: no torch, and nothing of bertperf but errors.py and benchmark.py.
 """

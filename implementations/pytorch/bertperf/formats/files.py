@@ -8,6 +8,7 @@ import errno
 import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -63,6 +64,11 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
         return f"{where}is " + ("on a read-only file system" if read_only else "not writable")
+    try:  # root passes os.access where the file system still refuses (/proc, some mounts)
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"{where}is not writable ({(exc.strerror or str(exc)).lower()})"
     return None
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from bertperf.benchmark import TARGET_ACCURACY
 from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
+from bertperf.formats.outputs import claim
 
 TRAIN_LOSS = "train_loss"
 """Our extra MLPerf-log key: value = the step's loss; metadata samples_count, step, lr."""
@@ -71,10 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("log", type=Path, help="an MLPerf log written by `bertperf train`")
     p.add_argument("--output", type=Path, help="the PNG (default: LOG with .png appended)")
     p.add_argument("--target", type=float, default=TARGET_ACCURACY, help="accuracy line to draw")
+    p.add_argument("--force", action="store_true",
+                   help="replace the PNG where it is an earlier plot (never another file)")
 
 
 def run(args: argparse.Namespace) -> int:
-    png = plot_log(args.log, args.output or args.log.with_name(args.log.name + ".png"),
-                   args.target)
+    out = claim("--output", args.output or args.log.with_name(args.log.name + ".png"), "plot",
+                inputs=[("LOG", args.log)], force=args.force)
+    png = plot_log(args.log, out, args.target)
     print(f"plot: {png}")
     return 0

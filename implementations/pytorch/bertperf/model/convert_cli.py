@@ -28,8 +28,9 @@ import torch
 
 from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
+from bertperf.formats.outputs import claim
 from bertperf.model.bert import BertForPreTraining
-from bertperf.model.bert_config import BertConfig
+from bertperf.model.bert_config import NAMED, BertConfig
 from bertperf.model.hf import (HF_CONFIG, HF_SHAPE_KEYS, HF_TOKENIZER_CONFIG, HF_TORCH_WEIGHTS,
                                HF_WEIGHTS, from_hf_state_dict, renamed)
 from bertperf.model.tf_checkpoint import checkpoint_prefix, state_dict_from_tf
@@ -42,12 +43,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bert-config", default="large",
                    help='"large" (default; MLPerf\'s), "tiny", or the path of a bert_config.json')
     p.add_argument("--output", required=True, type=Path, help="the .pt file to write")
+    p.add_argument("--force", action="store_true",
+                   help="replace --output where it is an earlier convert-ckpt file (never "
+                        "another file)")
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     config = BertConfig.named(args.bert_config)
     prefix = checkpoint_prefix(args.tf_checkpoint)
+    sources = [("--tf-checkpoint", p) for p in prefix.parent.glob(prefix.name + ".*")]
+    config_file = None if args.bert_config in NAMED else args.bert_config
+    claim("--output", args.output, "convert-ckpt",
+          inputs=[*sources, ("--bert-config", config_file)], force=args.force)
     state_dict = state_dict_from_tf(prefix, config)
     with atomic_output(args.output) as tmp:
         torch.save({"model": state_dict, "bert_config": asdict(config), "source": str(prefix)},

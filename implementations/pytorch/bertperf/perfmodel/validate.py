@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bertperf.errors import UserError
+from bertperf.formats.outputs import claim
 from bertperf.perfmodel import cluster
 
 TOLERANCE = 0.15
@@ -245,6 +246,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the results table (default: the package's perfmodel/results.csv)")
     p.add_argument("--plot", type=Path, default=None,
                    help="write a PNG of predicted against published time to train here")
+    p.add_argument("--force", action="store_true",
+                   help="replace --plot where it is an earlier PNG (never another file)")
 
 
 def _duration(seconds: float) -> str:
@@ -256,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.split not in SPLITS:
         raise UserError(f"--split {args.split!r}: expected one of {', '.join(SPLITS)}")
+    if args.plot:
+        claim("--plot", args.plot, "model validate", inputs=[("--results", args.results)],
+              force=args.force)
     rows = results.load_results(args.results or results.RESULTS)
     judged = judge(rows, args.split)
     command = " ".join(["python -m bertperf", *sys.argv[1:]])

@@ -6,6 +6,7 @@
   vocab.txt              the vocab the data was made with (--vocab)
   tokenizer_config.json  BERT's tokenizer: lower case, [PAD] [UNK] [CLS] [SEP] [MASK]
   README.md              a model card: the run's MLPerf log, switches, data and command
+  .bertperf-output       export's marker (formats/outputs.py): --force replaces this folder
 
 Writing it needs `safetensors` only (not `transformers`). The folder is written under a
 temporary name and renamed when complete (docs/design.md, "Export to HuggingFace")."""
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from bertperf import config
 from bertperf.errors import UserError
-from bertperf.formats.files import atomic_folder, md5_file, read_utf8
+from bertperf.formats.files import md5_file, read_utf8
+from bertperf.formats.outputs import claim, output_folder
 
 if TYPE_CHECKING:  # the model package imports torch
     import torch
@@ -44,8 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where --checkpoint auto looks (default: CHECKPOINT_DIR)")
     p.add_argument("--output", required=True, type=Path, help="the folder to write")
     p.add_argument("--force", action="store_true",
-                   help="replace --output where it exists and is not empty (once the new folder "
-                        "is complete)")
+                   help="replace --output where it is an earlier export's folder (once the new "
+                        "one is complete); a folder export did not write is never replaced")
     p.add_argument("--vocab", type=Path,
                    help="the vocab the training data was made with (`prep create --vocab_file`); "
                         "default: the MLPerf vocab ($BERTPERF_VOCAB, else the one make setup "
@@ -58,9 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     path = checkpoint_file(args.checkpoint, args.checkpoint_dir)
-    out = args.output
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise UserError(f"--output {out}: exists and is not empty (--force replaces it)")
+    inputs = [("--checkpoint", path), ("--checkpoint-dir", args.checkpoint_dir),
+              ("--vocab", args.vocab), ("--log", args.log)]
+    out = claim("--output", args.output, "export", inputs=inputs, force=args.force)
     if args.log is not None and not args.log.is_file():
         raise UserError(f"--log {args.log}: no such MLPerf log")
     from safetensors.torch import save
@@ -82,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
         log = None
     card = model_card(bert, settings, record, state["progress"], path, vocab, log)
     tensors = hf_saved_tensors(weights, bert)
-    with atomic_folder(out) as tmp:
+    claim("--output", out, "export", inputs=[*inputs, ("the vocab", vocab), ("the log", log)],
+          force=args.force)
+    with output_folder(out, "export") as tmp:
         # the bytes through Python's file, as checkpoints: a full disk raises ENOSPC, named
         (tmp / HF_WEIGHTS).write_bytes(save(tensors, metadata={"format": "pt"}))
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config(bert), indent=2) + "\n")

@@ -17,6 +17,7 @@ import numpy as np
 from bertperf.errors import UserError
 from bertperf.formats import manifest, padded
 from bertperf.formats.files import atomic_output
+from bertperf.formats.outputs import claim
 
 STAGE = "eval"
 
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     src, dst = Path(args.input_file), Path(args.output_file)
     if not src.is_file():
         raise UserError(f"{src}: no such file")
+    claim("--output_file", dst, "prep eval", inputs=[("--input_file", src)])
     params = {"num_examples_to_pick": args.num_examples_to_pick}
     key = manifest.task_key(STAGE, params, [src])
     if manifest.is_done(dst.parent, dst.name, key, manifest.load(dst.parent)):

@@ -1,0 +1,190 @@
+"""Nothing a user owns is lost: every writer of formats/outputs.py's KINDS, run as its user runs
+it, against the same cases (its output named as one of its inputs, the input's folder, that
+folder's parent, a file or non-empty folder it did not write, its own earlier output with and
+without --force, a folder on a read-only file system): a refusal is one line naming the output,
+and nothing on disk changed. A module that writes through the atomic helpers is either a row
+here or in WRITES_ITS_OWN with the rule it follows, so a new writer cannot go unlisted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bertperf.__main__ import main
+from bertperf.formats.outputs import KINDS, MARKER
+from tests.support.paths import PYTHONPATH, ROOT
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 8
+
+
+@dataclass(frozen=True)
+class Writer:
+    flag: str
+    """The argument naming the output."""
+    input: str
+    """The input's file name (made in user/data/, with stand-in bytes)."""
+    argv: Callable[[Path, Path], list[str]]
+    """The command line, from (input, output)."""
+    own: Callable[[Path], None]
+    """Makes `path` an earlier output of this writer."""
+    tool: str | None = None
+    """tools/<tool>.py rather than python -m bertperf."""
+    force: bool = True
+    """Whether the writer takes --force (a reused working folder or prep file does not)."""
+
+
+def marked(kind: str) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        path.mkdir()
+        (path / MARKER).write_text(kind + "\n")
+        (path / "part").write_text("an earlier output")
+    return make
+
+
+def file_of(data: bytes) -> Callable[[Path], None]:
+    return lambda path: path.write_bytes(data)
+
+
+def prep_eval_file(path: Path) -> None:
+    from bertperf.formats import manifest
+    path.write_bytes(b"\x89HDF\r\n\x1a\n")
+    manifest.record(path.parent, path.name, manifest.entry_for(path, "eval", "an earlier key"))
+    manifest.finalize(path.parent)
+
+
+WRITERS = {
+    "export": Writer("--output", "ckpt_00000001.pt",
+                     lambda i, o: ["export", "--checkpoint", str(i), "--output", str(o)],
+                     marked("export")),
+    "plot": Writer("--output", "result_0.txt",
+                   lambda i, o: ["plot", str(i), "--output", str(o)], file_of(PNG)),
+    "model validate": Writer("--plot", "results.csv",
+                             lambda i, o: ["model", "validate", "--results", str(i), "--plot",
+                                           str(o)], file_of(PNG)),
+    "convert-ckpt": Writer("--output", "model.ckpt-1.index",
+                           lambda i, o: ["convert-ckpt", "--tf-checkpoint", str(i),
+                                         "--bert-config", "tiny", "--output", str(o)],
+                           file_of(b"PK\x03\x04 an earlier checkpoint")),
+    "prep eval": Writer("--output_file", "eval_all.hdf5",
+                        lambda i, o: ["prep", "eval", "--input_file", str(i), "--output_file",
+                                      str(o)], prep_eval_file, force=False),
+    "gpu-bundle": Writer("--out", "vocab.txt",
+                         lambda i, o: ["--out", str(o), "--vocab", str(i), "--wheelhouse",
+                                       str(i.parent / "no_wheels")],
+                         marked("gpu-bundle"), tool="gpu_bundle"),
+    "gpu-check": Writer("--out", "bundle.json",
+                        lambda i, o: ["--out", str(o), "--bundle", str(i.parent), "--reports",
+                                      str(o.parent / "reports"), "--budget", "-1"],
+                        marked("gpu-check"), tool="gpu_check", force=False),
+    "gpu-check report": Writer("--report", "notes.md",
+                               lambda i, o: ["--out", str(i.parent / "work"), "--report", str(o),
+                                             "--from", "kernels", "--budget", "-1"],
+                               file_of(b"# make gpu-check, earlier\n"), tool="gpu_check",
+                               force=False),
+}
+
+WRITES_ITS_OWN = {
+    "bench/layerwise.py": "its --out working folder's own files (bert_config.json, eval.hdf5)",
+    "formats/files.py": "the atomic helpers themselves",
+    "formats/manifest.py": "MANIFEST.json of a prep stage's output folder",
+    "formats/outputs.py": "the rule itself",
+    "perfmodel/plan.py": "config_<system>_*.sh beside config_common.sh; an existing one only with "
+                         "--force",
+    "prep/samples/create.py": "a prep stage: its manifest",
+    "prep/shards/chop.py": "a prep stage: its manifest",
+    "prep/shards/pack.py": "a prep stage: manifest.own_outputs",
+    "prep/shards/stats.py": "a prep stage's report files",
+    "prep/shards/stratify.py": "a prep stage: its manifest",
+    "prep/shards/unpad.py": "a prep stage: its manifest",
+    "prep/text/clean.py": "a prep stage: its manifest",
+    "prep/text/dictd.py": "a prep stage: manifest.own_outputs",
+    "prep/text/split.py": "a prep stage: its manifest",
+    "resources.py": "the package's own vocab.txt",
+    "train/checkpoint.py": "ckpt_<step>.pt in the run's CHECKPOINT_DIR",
+}
+"""Modules that write through the atomic helpers but not under a KINDS entry: what they
+write."""
+
+CASES = ("input", "input's folder", "input's parent", "a foreign file", "a foreign folder",
+         "its own, no --force", "its own, --force", "read-only")
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+def run(writer: Writer, inp: Path, out: Path, force: bool) -> tuple[int, str]:
+    argv = writer.argv(inp, out) + (["--force"] if force else [])
+    if writer.tool:
+        done = subprocess.run([sys.executable, str(ROOT / "tools" / f"{writer.tool}.py"), *argv],
+                              capture_output=True, text=True, timeout=120,
+                              env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"})
+        return done.returncode, done.stderr
+    from contextlib import redirect_stderr
+    from io import StringIO
+    err = StringIO()
+    with redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue()
+
+
+def test_every_writer_has_a_row():
+    assert set(WRITERS) == set(KINDS)
+    package = ROOT / "implementations" / "pytorch" / "bertperf"
+    writes = {str(p.relative_to(package)) for p in package.rglob("*.py")
+              if any(h in p.read_text() for h in ("atomic_output(", "atomic_folder(",
+                                                   "output_folder("))}
+    claims = {str(p.relative_to(package)) for p in package.rglob("*.py")
+              if "claim(\"" in p.read_text()}
+    assert writes - claims == set(WRITES_ITS_OWN), "a new writer: a KINDS entry and a row here"
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kind", list(WRITERS))
+def test_a_writer_loses_nothing(kind, case, tmp_path, small_disk, capfd):
+    writer = WRITERS[kind]
+    user = tmp_path / "user"
+    data = user / "data"
+    data.mkdir(parents=True)
+    inp = data / writer.input
+    inp.write_bytes(b"the user's input\n")
+    (data / "no_wheels").mkdir()
+    refused = True
+    if case == "input":
+        out = inp
+    elif case == "input's folder":
+        out = data
+    elif case == "input's parent":
+        out = user
+    elif case == "a foreign file":
+        out = tmp_path / "mine.txt"
+        out.write_text("the user's file")
+    elif case == "a foreign folder":
+        out = tmp_path / "mine"
+        out.mkdir()
+        (out / "notes.txt").write_text("the user's notes")
+    elif case == "read-only":
+        disk = small_disk("ro", kib=64, read_only=True)
+        out = disk / "out"
+    else:
+        out = tmp_path / "earlier"
+        writer.own(out)
+        refused = case == "its own, no --force" and writer.force
+    force = case == "its own, --force" and writer.force
+    before = tree(tmp_path)
+    code, err = run(writer, inp, out, force)
+    if not refused:
+        assert f"{writer.flag} {out}:" not in err, err
+        return
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and str(out) in lines[0], err
+    if case == "its own, no --force":
+        assert "--force replaces it" in lines[0]
+    assert tree(tmp_path) == before
