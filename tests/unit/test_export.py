@@ -215,6 +215,13 @@ def test_bad_inputs_are_one_line(trained, exported, tmp_path, capsys):
     assert sorted(p.name for p in again.iterdir()) == sorted(p.name for p in exported.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "empty", "taken"]
     capsys.readouterr()
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("not a log\n")
+    assert main(["export", "--checkpoint", str(next(trained["ck"].iterdir())), "--log",
+                 str(foreign), "--output", str(tmp_path / "o")]) == 1
+    assert error_line(capsys) == (f"bertperf: error: --log {foreign}: not an MLPerf log (no "
+                                  ":::MLLOG line)")
+    foreign.unlink()
     other = tmp_path / "vocab.txt"
     other.write_text("[PAD]\n[UNK]\n")
     assert main(["export", "--checkpoint", str(next(trained["ck"].iterdir())), "--vocab",

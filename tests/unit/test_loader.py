@@ -530,3 +530,36 @@ def test_a_row_beyond_the_mask_bound_is_named(packed_shards):
         for _ in ShardLoader(ds, 4, prefetch=0, masks_per_row=5):
             pass
     assert "\n" not in str(err.value)
+
+
+def test_a_prefetch_abandoned_in_a_cycle_and_collected_on_its_own_thread_is_quiet(monkeypatch):
+    """The garbage collector may finalise an abandoned prefetching block on whichever thread
+    allocates, its own producer thread too: leaving the block there stops the thread without
+    joining it (a thread cannot join itself), and nothing is reported as unraisable."""
+    import gc
+    import sys
+    import threading
+
+    from bertperf.data.loader import prefetched
+    unraisable, dropped, finished = [], threading.Event(), threading.Event()
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    def items():
+        yield 0
+        dropped.wait(10)
+        gc.collect()  # here the block is finalised, on this (the producer's) thread
+        finished.set()
+        yield 1
+
+    block = prefetched(items(), 1)
+    consumer = block.__enter__()
+    assert next(consumer) == 0
+    block.cycle = block  # only the collector can finalise it now
+    gc.disable()
+    try:
+        del block, consumer
+        dropped.set()
+        assert finished.wait(10)
+    finally:
+        gc.enable()
+    assert [str(u.exc_value) for u in unraisable] == []

@@ -274,3 +274,12 @@ def test_plan_prices_a_commodity_cluster():
     assert closed.prediction.dominant in ("reduce across nodes", "compute")
     with pytest.raises(UserError):
         plan.rate("A100 40GB SXM", "bf16", calibrations, over)
+
+
+def test_validate_refuses_a_table_with_nothing_held_out(tmp_path, capsys):
+    table = tmp_path / "results.csv"
+    table.write_text(results.RESULTS.read_text().splitlines()[0] + "\n")
+    assert main(["model", "validate", "--results", str(table)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"bertperf: error: {table}: 0 results, none held out under --split "
+                   "generation: nothing to validate")

@@ -63,6 +63,11 @@ def test_two_failed_runs_leave_no_time_and_too_few_runs_refused(tmp_path):
     folder = folder_of(tmp_path, [10, 20, 30, 40], failed=(0, 1))
     with pytest.raises(UserError, match="2 of its 4 runs did not converge"):
         results.summarize(folder)
+    aborted = tmp_path / "aborted"
+    aborted.mkdir()
+    folder_of(aborted, [10, 20, 30], failed=(0, 1, 2))
+    with pytest.raises(UserError, match="3 of its 3 runs did not converge"):
+        results.summarize(aborted)
     few = tmp_path / "few"
     few.mkdir()
     folder_of(few, [10, 20])
@@ -117,8 +122,10 @@ def test_command_prints_a_csv_line_a_folder_and_one_line_errors(tmp_path, capsys
     assert header.split(",") == ["folder", *results.FIELDS]
     assert row.split(",")[1:] == ["closed", "3", "3", "1000001", "20.000", "6.0", "3.0",
                                   "150000", "448", "1"]
-    with pytest.raises(UserError, match="0 result_"):
+    with pytest.raises(UserError, match="nothing: no such folder"):
         results.summarize(tmp_path / "nothing")
+    with pytest.raises(UserError, match="result_0.txt: is a file, not a result folder"):
+        results.summarize(folder / "result_0.txt")
     (tmp_path / "nothing").mkdir()  # a good folder, then a bad one: one line, no CSV at all
     assert main(["model", "results", str(folder), str(tmp_path / "nothing")]) == 1
     out, err = capsys.readouterr()

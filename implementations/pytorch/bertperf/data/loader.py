@@ -32,7 +32,9 @@ _DONE = object()
 def prefetched(items: Iterable, depth: int) -> Iterator[Iterator]:
     """`items` consumed `depth` ahead on a background thread (a bounded queue); the items and their
     order are unchanged, an exception in the producer is raised in the consumer, and leaving the
-    block stops the thread. depth 0: `items` itself, on the caller's thread."""
+    block stops the thread (and waits for it, unless the block is left on that thread: an
+    abandoned block is finalised by the garbage collector on whichever thread it runs). depth
+    0: `items` itself, on the caller's thread."""
     if depth <= 0:
         yield iter(items)
         return
@@ -69,7 +71,8 @@ def prefetched(items: Iterable, depth: int) -> Iterator[Iterator]:
         yield consume()
     finally:
         stop.set()
-        thread.join()
+        if thread is not threading.current_thread():  # the collector may finalise it there
+            thread.join()
 
 
 class ShardLoader:

@@ -104,6 +104,9 @@ def summarize(folder: Path) -> dict:
     """One result folder's result_*.txt logs summarised (FIELDS, and eval_marked: whether the
     logs mark their evals with eval_start/eval_stop; eval_seconds is 0 where they do not)."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: " + ("is a file, not a result folder (<org>/results/<system>/"
+                                         "bert)" if folder.exists() else "no such folder"))
     logs = sorted(folder.glob("result_*.txt"), key=lambda p: (len(p.name), p.name))
     if len(logs) < 3:
         raise UserError(f"{folder}: {len(logs)} result_*.txt logs; an olympic mean needs 3 or more")
@@ -116,8 +119,9 @@ def summarize(folder: Path) -> dict:
         raise UserError(f"{folder}: no global_batch_size event with a whole number")
     kept = sorted(r["minutes"] for r in runs)[1:-1]
     if math.inf in kept:
-        raise UserError(f"{folder}: {kept.count(math.inf) + 1} of its {len(runs)} runs did not "
-                        "converge: one is dropped as the slowest, the rest leave no time to train")
+        failed = sum(r["minutes"] == math.inf for r in runs)
+        raise UserError(f"{folder}: {failed} of its {len(runs)} runs did not converge: the "
+                        "olympic mean drops one as the slowest, the rest leave no time to train")
     converged = [r for r in runs if r["converged"]]
     return {
         "division": runs[0]["division"] or "",

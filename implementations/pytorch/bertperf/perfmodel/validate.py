@@ -262,8 +262,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         claim("--plot", args.plot, "model validate", inputs=[("--results", args.results)],
               force=args.force)
-    rows = results.load_results(args.results or results.RESULTS)
+    table = args.results or results.RESULTS
+    rows = results.load_results(table)
     judged = judge(rows, args.split)
+    if not any(j.side == "held-out" for j in judged):
+        raise UserError(f"{table}: {len(rows)} results, none held out under --split "
+                        f"{args.split}: nothing to validate")
     command = " ".join(["python -m bertperf", *sys.argv[1:]])
     print(f"VALIDATION (a model, not a measurement): `{command}`, {datetime.date.today()}, "
           f"computed on {platform.machine()} {platform.system()}; {len(rows)} published results")

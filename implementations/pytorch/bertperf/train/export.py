@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     out = claim("--output", args.output, "export", inputs=inputs, force=args.force)
     if args.log is not None and not args.log.is_file():
         raise UserError(f"--log {args.log}: no such MLPerf log")
+    if args.log is not None and ":::MLLOG " not in args.log.read_text(errors="replace"):
+        raise UserError(f"--log {args.log}: not an MLPerf log (no :::MLLOG line)")
     from safetensors.torch import save
 
     from bertperf.model.hf import HF_CONFIG, HF_WEIGHTS, hf_config, hf_saved_tensors
