@@ -176,8 +176,8 @@ def test_bad_flags(tmp_path, vocab_file, corpus, capsys):
     folder = tmp_path / "out"
     folder.mkdir()
     assert create(vocab_file, [corpus], [folder]) == 1
-    assert capsys.readouterr().err == (f"bertperf: error: {folder}: is a folder, expected the "
-                                       "name of a file to write\n")
+    assert capsys.readouterr().err == (f"bertperf: error: --output_file {folder}: is a folder, "
+                                       "expected the name of a file to write\n")
 
 
 # ---- eval --------------------------------------------------------------------------------------

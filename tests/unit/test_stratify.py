@@ -150,14 +150,22 @@ def test_corrupt_shard_fails_cleanly(unpadded, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "part_00003.h5" in err, err
     assert not out.exists()  # no partial output
-    # a truncated file, into an existing output folder: what was there stays, nothing is added
+    # a truncated file, into an earlier stratify's folder: what was there stays, nothing is added
     victim.write_bytes(victim.read_bytes()[:1000])
-    out.mkdir()
-    (out / "keep.txt").write_text("x")
+    assert stratify(unpadded, out, "--workers", "1") == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
     assert stratify(bad_in, out, "--workers", "1") == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "part_00003.h5" in err, err
-    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # a folder stratify did not write is refused before any work, its files kept
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("x")
+    assert stratify(unpadded, mine, "--workers", "1") == 1
+    assert "is a folder prep stratify did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["keep.txt"]
 
 
 def test_bad_arguments(unpadded, tmp_path, capsys):

@@ -66,7 +66,10 @@ KINDS: dict[str, Kind] = {
     "plot": Kind(folder=False, own=PNG),
     "model validate": Kind(folder=False, own=PNG),
     "convert-ckpt": Kind(folder=False, own=ZIP),
+    "prep create": Kind(folder=False, own=staged("create"), reused=True),
     "prep eval": Kind(folder=False, own=staged("eval"), reused=True),
+    "prep unpack": Kind(folder=False, own=staged("unpack"), reused=True),
+    "prep stratify": Kind(folder=True, own=holds("stratify.json"), reused=True),
 }
 """Every command that writes a path its user names, by the name its refusals give it."""
 

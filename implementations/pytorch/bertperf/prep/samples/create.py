@@ -32,6 +32,7 @@ import numpy as np
 from bertperf.errors import UserError
 from bertperf.formats import manifest, padded
 from bertperf.formats.files import atomic_output, read_utf8, remove_stale_temporaries
+from bertperf.formats.outputs import claim
 from bertperf.formats.samples import Samples
 from bertperf.prep.parallel import World, default_workers, run_tasks
 from bertperf.prep.samples.instances import (Documents, Instances, Params, SpecialIds,
@@ -250,6 +251,9 @@ def plan(args: argparse.Namespace, params: Params) -> list[Task]:
     if not inputs:
         raise UserError(f"{in_dir}: no files match {args.input_glob!r}")
     out_dir = Path(args.output_dir)
+    if out_dir.resolve() == in_dir.resolve():
+        raise UserError(f"--output_dir {out_dir}: is --input_dir: name another folder (a rerun "
+                        f"would read its {args.input_glob} outputs as text)")
     return [Task((str(p),), (str(out_dir / f"{p.name}.hdf5"),),
                  key_params=key_params + (("outputs", 1),), **common)
             for p in inputs]
@@ -266,6 +270,10 @@ def run(args: argparse.Namespace) -> int:
     if world.rank == 0 and (warning := vocab_md5_warning(args.vocab_file)):
         print(f"bertperf: warning: {warning}", file=sys.stderr)
     tasks = plan(args, params)
+    flag = "--output_file" if args.output_file else "--output_dir"
+    sources = [(f"input {i}", i) for t in tasks for i in t.inputs]
+    for output in (o for t in tasks for o in t.outputs):
+        claim(flag, output, "prep create", inputs=[*sources, ("--vocab_file", args.vocab_file)])
     out_dirs = sorted({str(Path(o).parent) for t in tasks for o in t.outputs})
     with manifest.stage_outputs(out_dirs, world.rank == 0):
         if world.rank == 0:

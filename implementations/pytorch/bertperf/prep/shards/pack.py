@@ -31,6 +31,7 @@ from bertperf.errors import UserError
 from bertperf.formats import detect, manifest, nvidia, unpadded
 from bertperf.formats import packed as packed_format
 from bertperf.formats.files import atomic_output, remove_stale_temporaries
+from bertperf.formats.outputs import claim
 from bertperf.formats.reading import read_samples
 from bertperf.formats.samples import Samples, ranges
 from bertperf.prep.parallel import World, default_workers, run_tasks
@@ -436,6 +437,7 @@ def run_unpack(args: argparse.Namespace) -> int:
     for p in inputs:
         if detect.kind(p) != detect.PACKED:
             raise UserError(f"{p}: not a {packed_format.FORMAT} file (--unpack reads packed shards)")
+        claim("--output", out / p.name, "prep unpack", inputs=[("--input", q) for q in inputs])
     # check every input first (offsets, row lengths, masks): a bad file leaves no outputs at all
     run_tasks(_check_packed_task, [str(p) for p in inputs], workers=args.workers,
               desc="unpack: check", world=world)

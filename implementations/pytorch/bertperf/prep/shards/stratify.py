@@ -30,6 +30,7 @@ from bertperf.errors import UserError
 from bertperf.formats import detect, manifest
 from bertperf.formats.files import atomic_output
 from bertperf.formats.hdf5 import new_file
+from bertperf.formats.outputs import claim
 from bertperf.formats.samples import Samples
 from bertperf.formats.unpadded import read_shard, shard_meta, write_shard
 from bertperf.prep.parallel import World, default_workers, run_tasks
@@ -230,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = detect.sample_files(in_dir, pattern=args.input_glob)
     if out_dir.resolve() == in_dir.resolve():
         raise UserError(f"{out_dir}: output folder must differ from the input folder")
+    claim("--output", out_dir, "prep stratify", inputs=[("--input", p) for p in inputs])
     metas = [shard_meta(p) for p in inputs]  # cheap: headers only; fails on a corrupt header
     msl = {m["max_seq_length"] for m in metas}
     mpred = {m["max_predictions_per_seq"] for m in metas}
