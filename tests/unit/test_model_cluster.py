@@ -235,10 +235,18 @@ def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys, given_s
             assert int(stages[0].split(":")[1]) == round(0.25 * samples)
             assert (env["LAYERWISE_TRAIN"], env["LAYERWISE_SCHEDULE"]) == ("new", "restart")
     assert main(argv) == 1  # the files exist now
-    assert "exists (--force overwrites it)" in capsys.readouterr().err
+    assert "exists, an earlier plan output (--force replaces it)" in capsys.readouterr().err
     written[0].unlink()  # one of the two still there: refused before the other is written
     assert main(argv) == 1 and not written[0].exists()
     assert f"{written[1]}: exists" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 0 and written[0].exists()
+    capsys.readouterr()
+    written[1].write_text("# a user's own config\n")  # not plan's: kept, --force or not
+    assert main([*argv, "--force"]) == 1
+    assert f"{written[1]}: exists and is not a file plan wrote" in capsys.readouterr().err
+    assert written[1].read_text() == "# a user's own config\n"
+    assert main([*argv, "--system", "../escape"]) == 1
+    assert "--system '../escape': letters, digits and '-' only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [

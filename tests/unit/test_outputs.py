@@ -81,6 +81,16 @@ def vocab() -> str:
     return str(find_vocab())
 
 
+PLAN = ["plan", "--gpu", "A100 80GB SXM", "--gpus", "8", "--layerwise", "none", "--write"]
+
+
+def planned(folder: Path) -> None:
+    """A checkout's root where plan wrote its configs."""
+    folder.mkdir()
+    (folder / "config_common.sh").write_text("# the checkout's\n")
+    assert main([*PLAN, str(folder)]) == 0
+
+
 WRITERS = {
     "export": Writer("--output", "ckpt_00000001.pt",
                      lambda i, o: ["export", "--checkpoint", str(i), "--output", str(o)],
@@ -97,6 +107,8 @@ WRITERS = {
     "prep eval": Writer("--output_file", "eval_all.hdf5",
                         lambda i, o: ["prep", "eval", "--input_file", str(i), "--output_file",
                                       str(o)], staged_file("eval"), force=False),
+    "plan": Writer("--write", "config_common.sh", lambda i, o: [*PLAN, str(o)], planned,
+                   allowed=("input's folder",)),
     "prep create": Writer("--output_file", "wiki.txt",
                           lambda i, o: ["prep", "create", "--input_file", str(i),
                                         "--output_file", str(o), "--vocab_file", vocab()],
@@ -132,8 +144,6 @@ WRITES_ITS_OWN = {
     "formats/files.py": "the atomic helpers themselves",
     "formats/manifest.py": "MANIFEST.json of a prep stage's output folder",
     "formats/outputs.py": "the rule itself",
-    "perfmodel/plan.py": "config_<system>_*.sh beside config_common.sh; an existing one only with "
-                         "--force",
     "prep/shards/chop.py": "a prep stage: its manifest",
     "prep/shards/stats.py": "a prep stage's report files",
     "prep/shards/unpad.py": "a prep stage: its manifest",

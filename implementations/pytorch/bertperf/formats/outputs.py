@@ -35,6 +35,17 @@ def holds(*names: str) -> Callable[[Path], bool]:
     return lambda folder: any((folder / name).exists() for name in names)
 
 
+def has_line(prefix: bytes) -> Callable[[Path], bool]:
+    """Whether one of a text file's first ten lines begins with `prefix` (its writer's stamp)."""
+    def test(path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                return any(f.readline().startswith(prefix) for _ in range(10))
+        except OSError:
+            return False
+    return test
+
+
 def staged(stage: str) -> Callable[[Path], bool]:
     """Whether the prep stage `stage` wrote a file (its folder's MANIFEST.json says so)."""
     from bertperf.formats import manifest
@@ -63,6 +74,7 @@ KINDS: dict[str, Kind] = {
     "gpu-bundle": Kind(folder=True, own=holds("bundle.json")),
     "gpu-check": Kind(folder=True, own=holds("notes", "site", "foldoc_512"), reused=True),
     "gpu-check report": Kind(folder=False, own=starts_with(b"# make gpu-check")),
+    "plan": Kind(folder=False, own=has_line(b"# Written by `python -m bertperf")),
     "plot": Kind(folder=False, own=PNG),
     "model validate": Kind(folder=False, own=PNG),
     "convert-ckpt": Kind(folder=False, own=ZIP),

@@ -24,6 +24,7 @@ import argparse
 import datetime
 import functools
 import math
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from types import SimpleNamespace
 
 from bertperf.benchmark import CLOSED, OPEN
 from bertperf.errors import UserError
+from bertperf.formats.outputs import claim
 from bertperf.perfmodel import cluster, scale
 
 MAX_BATCH = {"varlen": 56, "packed": 48}
@@ -268,7 +270,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write", type=Path, default=None, metavar="DIR",
                    help="write the fastest closed and open configs into DIR (it must hold "
                         "config_common.sh: the checkout's root)")
-    p.add_argument("--force", action="store_true", help="overwrite config files of the same name")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite config files of the same name that plan wrote (never others)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -334,6 +337,9 @@ def run(args: argparse.Namespace) -> int:
               f"{c.seconds * gpus / 3600:,.1f} | {c.prediction.dominant} | {mark} |")
     if args.write:
         system = args.system or "".join(ch for ch in args.gpu.split()[0] if ch.isalnum())
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", system):
+            raise UserError(f"--system {system!r}: letters, digits and '-' only (it becomes "
+                            "part of config_<SYSTEM>_<nodes>x<gpus>x<batch>x<accum>.sh)")
         chosen = [c for c in fastest.values() if c is not None]
         paths = [args.write / config_name(system, nodes, fabric.gpus_per_node, c)
                  for c in chosen]
@@ -341,8 +347,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--write {args.write}: no config_common.sh there (write into the "
                             "checkout's root, whose config files it sources)")
         for path in paths:  # every name checked before any file is written
-            if path.exists() and not args.force:
-                raise UserError(f"{path}: exists (--force overwrites it)")
+            claim("--write", path, "plan", force=args.force)
         for c, path in zip(chosen, paths):
             write_config(path, gpu=args.gpu, nodes=nodes, fabric=fabric, c=c,
                          precision=args.precision, command=command)
