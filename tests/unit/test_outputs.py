@@ -18,6 +18,7 @@ import pytest
 from bertperf.__main__ import main
 from bertperf.data.synthetic import write_synthetic_packed, write_synthetic_shards
 from bertperf.formats.outputs import KINDS, MARKER
+from tests.support.copy_task import make_dataset
 from tests.support.paths import PYTHONPATH, ROOT
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 8
@@ -91,6 +92,19 @@ def planned(folder: Path) -> None:
     assert main([*PLAN, str(folder)]) == 0
 
 
+def dataset(path: Path) -> None:
+    """A run's data at the input's folder: its eval file at `path` (tests.support.copy_task)."""
+    make_dataset(path.parent)
+    assert path.is_file()
+
+
+def train_check(inp: Path, out: Path) -> list[str]:
+    data = inp.parent
+    return ["train", "--check", "--train-dir", str(data / "train"), "--eval-file", str(inp),
+            "--bert-config", str(data / "bert_config.json"), "--log-file", str(out),
+            "--batch-size", "8", "--lr", "1e-3", "--max-steps", "10", "--device", "cpu"]
+
+
 WRITERS = {
     "export": Writer("--output", "ckpt_00000001.pt",
                      lambda i, o: ["export", "--checkpoint", str(i), "--output", str(o)],
@@ -107,6 +121,9 @@ WRITERS = {
     "prep eval": Writer("--output_file", "eval_all.hdf5",
                         lambda i, o: ["prep", "eval", "--input_file", str(i), "--output_file",
                                       str(o)], staged_file("eval"), force=False),
+    "mlperf log": Writer("MLLOG_FILE", "eval.hdf5", train_check,
+                         file_of(b':::MLLOG {"key": "run_start"}\n'), force=False,
+                         make_input=dataset),
     "plan": Writer("--write", "config_common.sh", lambda i, o: [*PLAN, str(o)], planned,
                    allowed=("input's folder",)),
     "prep create": Writer("--output_file", "wiki.txt",

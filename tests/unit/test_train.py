@@ -107,7 +107,7 @@ def test_an_output_folder_that_is_a_file_is_named(tmp_path):
     for change, message in [
         ({"LOGDIR": str(a_file)}, f"LOGDIR {a_file}: is a file, not a folder"),
         ({"MLLOG_FILE": str(a_file / "r.txt")},
-         f"MLLOG_FILE's folder {a_file}: is a file, not a folder"),
+         f"MLLOG_FILE {a_file / 'r.txt'}: cannot be written: {a_file} is a file, not a folder"),
         ({"CHECKPOINT_DIR": str(a_file / "ck")},
          f"CHECKPOINT_DIR {a_file / 'ck'}: cannot be made: {a_file} is a file"),
     ]:

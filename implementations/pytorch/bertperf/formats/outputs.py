@@ -74,6 +74,8 @@ KINDS: dict[str, Kind] = {
     "gpu-bundle": Kind(folder=True, own=holds("bundle.json")),
     "gpu-check": Kind(folder=True, own=holds("notes", "site", "foldoc_512"), reused=True),
     "gpu-check report": Kind(folder=False, own=starts_with(b"# make gpu-check")),
+    "mlperf log": Kind(folder=False, own=lambda path: path.stat().st_size == 0
+                       or starts_with(b":::MLLOG")(path), reused=True),
     "plan": Kind(folder=False, own=has_line(b"# Written by `python -m bertperf")),
     "plot": Kind(folder=False, own=PNG),
     "model validate": Kind(folder=False, own=PNG),
@@ -114,8 +116,10 @@ def claim(flag: str, path: str | os.PathLike, kind: str, *,
         if where in source.parents:
             raise UserError(f"{flag} {given}: holds {input_flag} {value}, an input of this "
                             "command: name another output")
-    if why := folder_problem(where if spec.folder else where.parent):
-        raise UserError(f"{flag} {given}: cannot be written: {why}")
+    folder = given if spec.folder else given.parent
+    if why := folder_problem(folder):
+        named = why if why.startswith("cannot be made") else f"{folder} {why}"
+        raise UserError(f"{flag} {given}: cannot be written: {named}")
     if not where.exists():
         return given
     if spec.folder:

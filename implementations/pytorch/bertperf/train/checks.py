@@ -16,8 +16,9 @@ from bertperf.config import RunConfig
 from bertperf.errors import UserError
 from bertperf.formats import detect
 from bertperf.formats.files import folder_problem
+from bertperf.formats.outputs import claim
 from bertperf.formats.reading import read_samples
-from bertperf.model.bert_config import BertConfig
+from bertperf.model.bert_config import NAMED, BertConfig
 from bertperf.train import allowed, layerwise, layout
 from bertperf.train.allowed import on_cpu
 from bertperf.train.evaluation import EVAL_KINDS
@@ -75,12 +76,20 @@ def check_eval_length(cfg: RunConfig) -> None:
 def check_outputs(cfg: RunConfig) -> None:
     """The folders the run writes, the MLPerf log's (LOGDIR, or MLLOG_FILE's folder) and
     CHECKPOINT_DIR, are folders this process can write into, or can be made
-    (files.folder_problem): checked before the run reads its data and trains."""
-    log = "MLLOG_FILE's folder" if cfg.train.log_file is not None else "LOGDIR"
-    for name, folder in ((log, cfg.log_path.parent),
+    (files.folder_problem), and the log is none of the run's inputs and no file but an earlier
+    MLPerf log (formats.outputs; an earlier log is kept as <path>.N): checked before the run
+    reads its data and trains."""
+    named = cfg.train.log_file is not None
+    for name, folder in (("LOGDIR", None if named else cfg.log_path.parent),
                          ("CHECKPOINT_DIR", cfg.checkpoint.checkpoint_dir)):
         if folder is not None and (why := folder_problem(folder)):
             raise UserError(f"{name} {folder}: {why}")
+    bert_config = None if cfg.model.bert_config in NAMED else cfg.model.bert_config
+    claim("MLLOG_FILE" if named else "the MLPerf log", cfg.log_path,
+          "mlperf log", inputs=[("DATADIR_PHASE2", cfg.data.train_dir),
+                                ("EVAL_FILE", cfg.data.eval_file),
+                                ("INIT_CHECKPOINT", cfg.model.init_checkpoint),
+                                ("BERT_CONFIG", bert_config)])
 
 
 def matmul_slowdown(dtype: torch.dtype, n: int = 128, repeats: int = 10) -> float:
