@@ -1,8 +1,8 @@
 """Nothing a user owns is lost: every writer of formats/outputs.py's KINDS, run as its user runs
 it, against the same cases (its output named as one of its inputs, the input's folder, that
 folder's parent, a file or non-empty folder it did not write, its own earlier output with and
-without --force, a folder on a read-only file system): a refusal is one line naming the output,
-and nothing on disk changed. A module that writes through the atomic helpers is either a row
+without --force, a folder on a read-only file system), with --force wherever it takes one: a
+refusal is one line naming the output, and nothing on disk changed. A module that writes through the atomic helpers is either a row
 here or in WRITES_ITS_OWN with the rule it follows, so a new writer cannot go unlisted."""
 
 from __future__ import annotations
@@ -105,6 +105,12 @@ def train_check(inp: Path, out: Path) -> list[str]:
             "--batch-size", "8", "--lr", "1e-3", "--max-steps", "10", "--device", "cpu"]
 
 
+def submitted(folder: Path) -> None:
+    """An earlier submission of org "data", system "s"."""
+    (folder / "data" / "results" / "s" / "bert").mkdir(parents=True)
+    (folder / "data" / "results" / "s" / "bert" / "result_0.txt").write_text(":::MLLOG {}\n")
+
+
 WRITERS = {
     "export": Writer("--output", "ckpt_00000001.pt",
                      lambda i, o: ["export", "--checkpoint", str(i), "--output", str(o)],
@@ -124,6 +130,10 @@ WRITERS = {
     "mlperf log": Writer("MLLOG_FILE", "eval.hdf5", train_check,
                          file_of(b':::MLLOG {"key": "run_start"}\n'), force=False,
                          make_input=dataset),
+    "submission": Writer("--out", "result_0.txt",
+                         lambda i, o: ["submission", "--run-dir", str(i.parent), "--org", "data",
+                                       "--system", "s", "--out", str(o)], submitted,
+                         allowed=("input's folder", "a foreign folder")),
     "plan": Writer("--write", "config_common.sh", lambda i, o: [*PLAN, str(o)], planned,
                    allowed=("input's folder",)),
     "prep create": Writer("--output_file", "wiki.txt",
@@ -240,7 +250,7 @@ def test_a_writer_loses_nothing(kind, case, tmp_path, small_disk, capfd):
         writer.own(out)
         refused = case == "its own, no --force" and writer.force
     refused = refused and case not in writer.allowed
-    force = case == "its own, --force" and writer.force
+    force = writer.force and case != "its own, no --force"  # --force lets nothing else by
     before = tree(tmp_path)
     code, err = run(writer, inp, out, force)
     if not refused:

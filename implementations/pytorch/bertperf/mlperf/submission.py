@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterable
 
 from bertperf.errors import UserError
+from bertperf.formats.outputs import claim
 from bertperf.benchmark import BENCHMARK, CLOSED, RESULT_COUNT, RULESET
 from bertperf.mlperf.check import (FAIL, check_log, log_events, natural_key, repeated_runs,
                                    tool_version)
@@ -365,11 +366,13 @@ def assemble(run_dir: str | Path, org: str, system: str, out: str | Path,
             raise UserError(f"config file {c} does not exist")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a folder")
-    logs = find_logs(run_dir, pattern)
     target = out / org
+    claim("--out", target, "submission",
+          inputs=[("--run-dir", run_dir), *(("--config-file", c) for c in configs)])
     bert_dir = target / "results" / system / BENCHMARK
     if bert_dir.exists() and not force:
         raise UserError(f"{bert_dir} already exists (--force replaces it)")
+    logs = find_logs(run_dir, pattern)
     notes = vet_logs(logs, division, allow_one_failed)
     desc = describe_system(org, system, division, status, nodes, fields)
     orgs_logged = {str(log_facts(l)["org"]) for l in logs} - {"None"}
