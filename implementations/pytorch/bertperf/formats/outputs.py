@@ -46,6 +46,18 @@ def has_line(prefix: bytes) -> Callable[[Path], bool]:
     return test
 
 
+def json_with(*keys: str) -> Callable[[Path], bool]:
+    """Whether a file is a JSON object holding `keys` (a report of the writer's)."""
+    def test(path: Path) -> bool:
+        import json
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return False
+        return isinstance(doc, dict) and all(key in doc for key in keys)
+    return test
+
+
 def staged(stage: str) -> Callable[[Path], bool]:
     """Whether the prep stage `stage` wrote a file (its folder's MANIFEST.json says so)."""
     from bertperf.formats import manifest
@@ -84,6 +96,8 @@ KINDS: dict[str, Kind] = {
     "prep create": Kind(folder=False, own=staged("create"), reused=True),
     "prep eval": Kind(folder=False, own=staged("eval"), reused=True),
     "prep unpack": Kind(folder=False, own=staged("unpack"), reused=True),
+    "prep stats": Kind(folder=False, own=lambda path: PNG(path)
+                       or json_with("folder", "samples", "max_seq_length")(path), reused=True),
     "prep stratify": Kind(folder=True, own=holds("stratify.json"), reused=True),
 }
 """Every command that writes a path its user names, by the name its refusals give it."""

@@ -27,6 +27,7 @@ from bertperf.errors import UserError
 from bertperf.formats import detect, nvidia
 from bertperf.formats import packed as packed_format
 from bertperf.formats.files import atomic_output
+from bertperf.formats.outputs import claim
 from bertperf.prep.parallel import World, default_workers, run_tasks
 from bertperf.prep.shards.pack import scan_lengths
 from bertperf.prep.shards.packing import MAX_SEQS_PER_ROW, plan_packing
@@ -223,11 +224,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--workers must be at least 1, not {args.workers}")
     target = Path(args.folder)
     files = detect.sample_files(target)
+    png = Path(args.png) if args.png else (target if target.is_dir() else target.parent) / "lengths.png"
+    for flag, path in (("--png", png), ("--json", args.json)):
+        if path is not None:
+            claim(flag, path, "prep stats", inputs=[("FOLDER", f) for f in files])
     world = World()
     st = compute(files, args.workers, args.max_seqs_per_row, world)
     if world.rank != 0:
         return 0
-    png = Path(args.png) if args.png else (target if target.is_dir() else target.parent) / "lengths.png"
     plot(st, png)
     if args.json:
         with atomic_output(args.json) as tmp:
