@@ -99,3 +99,7 @@ def test_bench_layerwise_times_the_runs_on_the_demo(demo_data, tmp_path):
     assert "vocabulary 2000" in out.stdout and (tmp_path / "unpadded_vocab2000").is_dir()
     for name in ("normal", "stacking", "mslt_fresh"):
         assert (tmp_path / f"{name}.txt").is_file()
+    # one normal seed: no spread to judge the final accuracy against, and the verdict says so
+    verdicts = [line for line in out.stdout.splitlines() if "x normal's time to" in line]
+    assert all("the goal not judged" in line for line in verdicts), verdicts
+    assert "against normal's" not in out.stdout

@@ -61,3 +61,15 @@ def test_a_vocabulary_outside_its_range_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == \
         "bertperf: error: --vocab: from 105 to 30522, not 50"
     assert not (tmp_path / "out").exists()
+
+
+def test_fewer_samples_than_an_eval_interval_is_one_line(tmp_path, capsys):
+    demo = tmp_path / "demo"
+    (demo / "unpadded").mkdir(parents=True)
+    (demo / "hdf5" / "eval").mkdir(parents=True)
+    (demo / "hdf5" / "eval" / "eval_10k.hdf5").touch()
+    assert main(["bench", "layerwise", "--demo", str(demo), "--samples", "64", "--stage", "16",
+                 "--out", str(tmp_path / "out")]) != 0
+    assert capsys.readouterr().err.strip() == ("bertperf: error: --samples 64: fewer than "
+                                               "--eval-every 2000, so no run would be evaluated")
+    assert not (tmp_path / "out").exists()

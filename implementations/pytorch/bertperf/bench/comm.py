@@ -30,6 +30,7 @@ from pathlib import Path
 from bertperf import reaper
 from bertperf.config import GRAD_COMMS as MODES
 from bertperf.errors import UserError
+from bertperf.formats.outputs import claim, mark
 from bertperf.host import cpu_name
 
 BERT_LARGE_PARAMS = 335_000_000
@@ -216,14 +217,16 @@ def run(args: argparse.Namespace) -> int:
     for tool in ("ip", "tc", "unshare"):
         if shutil.which(tool) is None:
             raise UserError(f"bench comm needs {tool} (iproute2, util-linux), not found")
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        raise UserError(f"--modes: of {', '.join(MODES)}, not {args.modes!r}")
     demo, config = Path(args.demo).resolve(), Path(args.config).resolve()
     if not (demo / "unpadded").is_dir() or not config.is_file():
         raise UserError(f"{demo}/unpadded or {config} missing (make demo prepares the data)")
+    if args.out is not None:
+        claim("--out", args.out, "bench comm", inputs=[("--demo", demo), ("--config", config)])
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise UserError(f"--modes: of {', '.join(MODES)}, not {args.modes!r}")
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_comm_")).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    mark(out, "bench comm")
     nbytes = demo_gradient_bytes()
     rate = args.rate_mbit * 1e6 if args.rate_mbit else nbytes * 8 / LARGE_SECONDS
     print(f"{cpu_name()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"

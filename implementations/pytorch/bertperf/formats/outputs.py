@@ -82,6 +82,8 @@ class Kind:
 
 
 KINDS: dict[str, Kind] = {
+    "bench comm": Kind(folder=True, own=holds("allreduce.py"), reused=True),
+    "bench layerwise": Kind(folder=True, own=holds("bert_config.json"), reused=True),
     "export": Kind(folder=True),
     "gpu-bundle": Kind(folder=True, own=holds("bundle.json")),
     "gpu-check": Kind(folder=True, own=holds("notes", "site", "foldoc_512"), reused=True),
