@@ -57,6 +57,17 @@ def small_bench(tmp_path, packed: bool):
     return train.Bench(config, torch.device("cpu"), steps, 1, max_len, max_pred, initial)
 
 
+def test_a_report_it_cannot_append_to_is_one_line_before_anything_runs(monkeypatch, capsys,
+                                                                       tmp_path):
+    from bertperf.__main__ import main
+    from bertperf.bench import train
+    monkeypatch.setattr(train, "load_steps", lambda *args: pytest.fail("the benchmark ran"))
+    (tmp_path / "a_file").write_text("")
+    for report, why in [(tmp_path, "is a folder, expected a file to append to"),
+                        (tmp_path / "a_file" / "r.md",
+                         f"cannot be written: {tmp_path / 'a_file'} is a file, not a folder")]:
+        assert main(["bench", "train", "--synthetic", "--report", str(report)]) == 1
+        assert capsys.readouterr().err == f"bertperf: error: --report {report}: {why}\n"
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["unpadded", "packed"])

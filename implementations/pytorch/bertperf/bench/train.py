@@ -67,6 +67,7 @@ from bertperf.data.dataset import ShardDataset
 from bertperf.data.order import EpochPlan
 from bertperf.data.synthetic import synthetic_packed, synthetic_samples
 from bertperf.errors import UserError
+from bertperf.formats.files import unwritable
 from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples
 from bertperf.host import cpu_name
@@ -509,6 +510,11 @@ def _gib(n: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     keys = row_keys(args.rows)
+    if args.report is not None:  # appended to, never replaced: only a path it cannot write
+        if args.report.is_dir():
+            raise UserError(f"--report {args.report}: is a folder, expected a file to append to")
+        if why := unwritable(args.report.parent):
+            raise UserError(f"--report {args.report}: cannot be written: {why}")
     command = " ".join(["python -m bertperf", *sys.argv[1:]])
     output = io.StringIO()
     with contextlib.ExitStack() as stack:

@@ -72,6 +72,13 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
     return None
 
 
+def unwritable(folder: str | os.PathLike) -> str | None:
+    """folder_problem naming the path it is about ("<folder> is a file, not a folder", "cannot
+    be made: <the path above> is ..."), for a line about a file to be written in `folder`."""
+    why = folder_problem(folder)
+    return why if why is None or why.startswith("cannot be made") else f"{folder} {why}"
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertperf.errors import UserError
-from bertperf.formats.files import atomic_folder, folder_problem
+from bertperf.formats.files import atomic_folder, unwritable
 
 MARKER = ".bertperf-output"
 """The file in every folder a command writes: the command's kind, one line."""
@@ -133,10 +133,8 @@ def claim(flag: str, path: str | os.PathLike, kind: str, *,
         if where in source.parents:
             raise UserError(f"{flag} {given}: holds {input_flag} {value}, an input of this "
                             "command: name another output")
-    folder = given if spec.folder else given.parent
-    if why := folder_problem(folder):
-        named = why if why.startswith("cannot be made") else f"{folder} {why}"
-        raise UserError(f"{flag} {given}: cannot be written: {named}")
+    if why := unwritable(given if spec.folder else given.parent):
+        raise UserError(f"{flag} {given}: cannot be written: {why}")
     if not where.exists():
         return given
     if spec.folder:
