@@ -398,6 +398,21 @@ def test_layers_frozen_before_the_warmup_ends_draw_a_warning(tmp_path, data):
         assert not any(w.startswith("LAYERWISE=") for w in run_warnings(prepare(load(later))))
 
 
+def test_frozen_embeddings_where_no_stage_trains_new_layers_alone_draw_a_warning(tmp_path, data):
+    """LAYERWISE_EMBEDDINGS=frozen acts only in a stage that trains its new layers alone: with
+    LAYERWISE_TRAIN=all and no stage ending in :new it is warned about; with one, it is not."""
+    from bertperf.config import load
+    from bertperf.train.checks import prepare, run_warnings
+    env = base_env(data, tmp_path, LAYERWISE_TRAIN="all", LAYERWISE_EMBEDDINGS="frozen")
+    (line,) = [w for w in run_warnings(prepare(load(env))) if "LAYERWISE_EMBEDDINGS" in w]
+    assert line.startswith("LAYERWISE_EMBEDDINGS=frozen: no stage trains only its new layers")
+    stages = env["LAYERWISE"].split(",")
+    for trains_new in ({**env, "LAYERWISE_TRAIN": "new"},
+                       {**env, "LAYERWISE": ",".join([*stages[:-1], stages[-1] + ":new"])}):
+        assert not any("LAYERWISE_EMBEDDINGS" in w
+                       for w in run_warnings(prepare(load(trains_new))))
+
+
 def test_bench_schedules_are_valid_layerwise_settings():
     """`bench layerwise`'s staged runs parse, add layers and end with the whole model."""
     from bertperf.bench.layerwise import schedules

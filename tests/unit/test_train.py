@@ -335,6 +335,24 @@ def test_the_dist_settings_are_what_the_process_group_gets(tmp_path, monkeypatch
     assert beats == [(1, 2, every)]
 
 
+def test_a_grad_comm_modes_setting_without_the_mode_draws_a_warning(tmp_path):
+    """POWERSGD_RANK or LOCALSGD_PERIOD changed while GRAD_COMM is a mode that does not read
+    it: one warning naming the setting and the modes that read it; at its default, or with its
+    mode, none."""
+    from bertperf.config import load
+    from bertperf.train import checks
+    env = env_for(tmp_path, EVAL_ITER_SAMPLES="200", SUBMISSION_DIVISION="open")
+    warned = checks.run_warnings(checks.prepare(load({**env, "POWERSGD_RANK": "8",
+                                                      "LOCALSGD_PERIOD": "2"})))
+    assert warned == [
+        "LOCALSGD_PERIOD=2 with GRAD_COMM=allreduce: only localsgd read it, so it has no effect",
+        "POWERSGD_RANK=8 with GRAD_COMM=allreduce: only powersgd, powersgd_bf16 read it, so it "
+        "has no effect"]
+    with_mode = {**env, "POWERSGD_RANK": "8", "GRAD_COMM": "powersgd", "WORLD_SIZE": "2"}
+    assert not any("POWERSGD_RANK" in w for w in checks.run_warnings(checks.prepare(load(
+        with_mode))))
+
+
 def test_settings_that_run_badly_draw_a_warning(tmp_path, monkeypatch):
     """LR above 1 (a diverging run), and bf16/fp16 on a CPU that emulates those matmuls (the
     slowdown measured there); fp32, and a CPU that has the instructions, draw none."""

@@ -19,7 +19,7 @@ from bertperf.formats.files import folder_problem
 from bertperf.formats.outputs import claim
 from bertperf.formats.reading import read_samples
 from bertperf.model.bert_config import NAMED, BertConfig
-from bertperf.train import allowed, layerwise, layout
+from bertperf.train import allowed, comm, layerwise, layout
 from bertperf.train.allowed import on_cpu
 from bertperf.train.evaluation import EVAL_KINDS
 
@@ -116,8 +116,9 @@ SLOW_PRECISION = 2.0
 
 
 def run_warnings(cfg: RunConfig) -> list[str]:
-    """config.warnings, a run that ends before its first eval, LAYERWISE freezing layers before
-    the LR warm-up ends, and a bf16/fp16 run on a CPU that emulates those matmuls (measured).
+    """config.warnings, a run that ends before its first eval, LAYERWISE's (layerwise.warnings),
+    a GRAD_COMM mode's setting without the mode (comm.warnings), and a bf16/fp16 run on a CPU
+    that emulates those matmuls (measured).
     `cfg` is prepared (its layout resolved)."""
     out = config.warnings(cfg)
     batch = layout.layout_of(cfg).global_batch_size(cfg)
@@ -128,7 +129,7 @@ def run_warnings(cfg: RunConfig) -> list[str]:
         out.append(f"{cap} ends the run at step {steps}, after {steps * batch} samples, before "
                    f"its first eval at {cfg.first_eval(batch)} (EVAL_ITER_START_SAMPLES, "
                    "EVAL_ITER_SAMPLES): the run will log no eval, so no MLPerf result")
-    out += layerwise.warnings(cfg, batch)
+    out += layerwise.warnings(cfg, batch) + comm.warnings(cfg)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
     if dtype is not None and on_cpu(cfg):
         slowdown = matmul_slowdown(dtype)

@@ -71,6 +71,8 @@ class Comm:
     `load_state_dict` (a checkpoint part, `grad_comm`)."""
 
     stateful = False
+    reads: tuple[str, ...] = ()
+    """The settings of its own the mode reads (warnings: one given without the mode)."""
 
     def __init__(self, cfg: Any, traffic: Traffic, start: int) -> None:
         self.cfg, self.traffic, self.start = cfg, traffic, start
@@ -139,6 +141,7 @@ class PowerSGD(Comm):
     compression waits for the one before it to finish."""
 
     stateful = True
+    reads = ("POWERSGD_RANK",)
 
     def __init__(self, cfg: Any, traffic: Traffic, start: int, bf16: bool) -> None:
         super().__init__(cfg, traffic, start)
@@ -217,6 +220,7 @@ class LocalSGD(Comm):
     into the parameters' own storage (FlatLamb's views stay views)."""
 
     stateful = True
+    reads = ("LOCALSGD_PERIOD",)
 
     def __init__(self, cfg: Any, traffic: Traffic, start: int) -> None:
         super().__init__(cfg, traffic, start)
@@ -286,3 +290,20 @@ MODES = {
 }
 """GRAD_COMM's modes other than allreduce, keyed by config.GRAD_COMMS's names: a new mode is an
 entry here and its name there."""
+
+
+def warnings(cfg: Any) -> list[str]:
+    """A mode's own setting (Comm.reads) changed from its default while GRAD_COMM is a mode
+    that does not read it: it has no effect (train.checks.run_warnings)."""
+    from bertperf.config import tunables
+    chosen = MODES.get(cfg.optim.grad_comm)
+    read = set(chosen.cls.reads) if chosen else set()
+    out = []
+    for name in sorted({n for mode in MODES.values() for n in mode.cls.reads} - read):
+        section, f = next((sec, f) for sec, f in tunables() if f.metadata["env"] == name)
+        value = getattr(getattr(cfg, section), f.name)
+        if value != f.default:
+            users = ", ".join(m for m, mode in MODES.items() if name in mode.cls.reads)
+            out.append(f"{name}={value} with GRAD_COMM={cfg.optim.grad_comm}: only {users} "
+                       "read it, so it has no effect")
+    return out

@@ -71,13 +71,19 @@ def stages_of(cfg: RunConfig, full_depth: int) -> list[Stage]:
 
 def warnings(cfg: RunConfig, batch: int) -> list[str]:
     """What a valid LAYERWISE schedule does badly (train.checks.run_warnings; `batch`: the global
-    batch): the first stage that freezes the layers below it (trains only new ones) when it
+    batch): LAYERWISE_EMBEDDINGS=frozen where no stage trains only new layers (it acts in no
+    stage); the first stage that freezes the layers below it (trains only new ones) when it
     begins before the LR warm-up ends: those layers froze having trained only below the peak
     LR (at the start of training, often before they learnt anything)."""
     if cfg.layerwise.layerwise is None:
         return []
     end, before = warmup_end(cfg), 0
     stages = layerwise_stages(cfg.layerwise.layerwise)
+    trains = [mode or cfg.layerwise.layerwise_train for _, _, mode in stages[1:]]
+    if cfg.layerwise.layerwise_embeddings == "frozen" and "new" not in trains:
+        return ["LAYERWISE_EMBEDDINGS=frozen: no stage trains only its new layers (LAYERWISE_TRAIN"
+                f"={cfg.layerwise.layerwise_train}, no stage ending in :new), and only such a "
+                "stage freezes the embeddings, so it has no effect"]
     for i, (_, samples, mode) in enumerate(stages):
         begins = -(-before // batch)  # the stage begins at the first step after `before` samples
         if i and (mode or cfg.layerwise.layerwise_train) == "new" and begins <= end:
