@@ -198,6 +198,8 @@ def test_cli_prints_the_table(given_compute, capsys):
     ["--cluster", "commodity", "--grad-comm", "zip"], ["--cluster", "commodity", "--gpu", "H100"],
     ["--cluster", "commodity", "--nodes", "5"],
     ["--cluster", "commodity", "--samples-factor", "powersgd"],
+    ["--cluster", "commodity", "--nodes", "0"],
+    ["--nodes", "0"], ["--samples-factor", "powersgd"], ["--gpus-per-node", "4"],
 ])
 def test_cli_rejects_bad_flags_with_one_line(given_compute, capsys, flags):
     assert main(["model", "scale", *flags]) == 1

@@ -732,22 +732,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dgx (the DGX A100 configs) or commodity: nodes of PCIe GPUs on Ethernet, "
                         "every GRAD_COMM mode, at one config's global batch (default dgx)")
     c = p.add_argument_group("--cluster commodity")
-    c.add_argument("--gpu", default=",".join(COMMODITY_GPUS),
-                   help="GPUs, comma-separated; only those with a published BERT-large rate in "
-                        "perfmodel/anchors.csv predict (default: all)")
-    c.add_argument("--nodes", default="4", help="node counts, comma-separated (default 4)")
-    c.add_argument("--gpus-per-node", default="8", help="GPUs a node, comma-separated (default 8)")
-    c.add_argument("--ethernet-gbit", default=ETHERNET_GBIT,
-                   help=f"one NIC a node, Gb/s, comma-separated (default {ETHERNET_GBIT})")
-    c.add_argument("--grad-comm", default=",".join(MODES),
-                   help="GRAD_COMM modes, comma-separated (default: all)")
-    c.add_argument("--micro-batch", default=str(MICRO_BATCH),
-                   help=f"sequences a micro-batch (default {MICRO_BATCH})")
-    c.add_argument("--powersgd-rank", default="4", help="POWERSGD_RANK (default 4)")
-    c.add_argument("--localsgd-period", default="8", help="LOCALSGD_PERIOD (default 8)")
-    c.add_argument("--samples-factor", action="append", default=[], metavar="MODE=X",
-                   help="samples to converge of MODE against allreduce's (repeatable; default: "
-                        "measured on the demo, SAMPLES_FACTOR)")
+    commodity_only = [
+        c.add_argument("--gpu", default=",".join(COMMODITY_GPUS),
+                       help="GPUs, comma-separated; only those with a published BERT-large rate "
+                            "in perfmodel/anchors.csv predict (default: all)"),
+        c.add_argument("--nodes", default="4", help="node counts, comma-separated (default 4)"),
+        c.add_argument("--gpus-per-node", default="8",
+                       help="GPUs a node, comma-separated (default 8)"),
+        c.add_argument("--ethernet-gbit", default=ETHERNET_GBIT,
+                       help=f"one NIC a node, Gb/s, comma-separated (default {ETHERNET_GBIT})"),
+        c.add_argument("--grad-comm", default=",".join(MODES),
+                       help="GRAD_COMM modes, comma-separated (default: all)"),
+        c.add_argument("--micro-batch", default=str(MICRO_BATCH),
+                       help=f"sequences a micro-batch (default {MICRO_BATCH})"),
+        c.add_argument("--powersgd-rank", default="4", help="POWERSGD_RANK (default 4)"),
+        c.add_argument("--localsgd-period", default="8", help="LOCALSGD_PERIOD (default 8)"),
+        c.add_argument("--samples-factor", action="append", default=[], metavar="MODE=X",
+                       help="samples to converge of MODE against allreduce's (repeatable; "
+                            "default: measured on the demo, SAMPLES_FACTOR)")]
+    p.set_defaults(commodity_only=tuple((a.option_strings[0], a.dest, a.default)
+                                        for a in commodity_only))
 
 
 def _measured(args: argparse.Namespace) -> dict[int, float]:
@@ -827,6 +831,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--cluster {args.cluster!r}: expected one of {', '.join(CLUSTERS)}")
     if args.cluster == "commodity":
         return commodity(args)
+    given = [flag for flag, dest, default in args.commodity_only
+             if getattr(args, dest) != default]
+    if given:
+        raise UserError(f"{', '.join(given)}: only with --cluster commodity")
 
     measured, net, overlap = _measured(args), network(args), _overlap(args.overlap)
     dtype = _dtype(args.grad_dtype)
