@@ -273,7 +273,8 @@ def hf_folder(exported: Path, tmp_path: Path, changes: dict[str, dict | None]) -
     ({"tokenizer_config.json": {"do_lower_case": False}},
      "a cased model (tokenizer_config.json has do_lower_case false); the MLPerf data is "
      "lower-cased"),
-    ({"model.safetensors": None}, "no model.safetensors or pytorch_model.bin in the folder"),
+    ({"model.safetensors": None}, "no model.safetensors, model.safetensors.index.json or "
+     "pytorch_model.bin in the folder"),
     ({"config.json": None}, "no config.json in the folder (not a HuggingFace model folder)"),
 ], ids=["wider", "deeper", "cased", "no-weights", "no-config"])
 def test_an_hf_folder_that_does_not_fit_is_one_line(trained, exported, tmp_path, changes,
@@ -286,7 +287,95 @@ def test_an_hf_folder_that_does_not_fit_is_one_line(trained, exported, tmp_path,
     assert str(err.value) == f"init checkpoint {folder}: {message}"
 
 
-def test_a_layerwise_checkpoint_exports_its_stages_layers(tmp_path, trained):
+def test_a_sharded_hf_folder_loads_as_the_whole_one(trained, exported, tmp_path):
+    """model.safetensors split into two shards with transformers' index: the same tensors."""
+    from safetensors.torch import load_file, save_file
+
+    from bertperf.model.bert_config import BertConfig
+    from bertperf.model.convert_cli import load_init_checkpoint
+    config = BertConfig.from_json(trained["bert"])
+    whole = load_init_checkpoint(exported, config)
+    folder = hf_folder(exported, tmp_path, {})
+    tensors = load_file(folder / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, part in shards.items():
+        save_file({n: tensors[n].contiguous() for n in part}, folder / shard)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: shard for shard, part in shards.items() for n in part}}))
+    os.remove(folder / "model.safetensors")
+    sharded = load_init_checkpoint(folder, config)
+    assert sharded.keys() == whole.keys()
+    assert all(torch.equal(sharded[k], whole[k]) for k in whole)
+    os.remove(folder / "model-00002-of-00002.safetensors")
+    with pytest.raises(UserError) as err:
+        load_init_checkpoint(folder, config)
+    assert str(err.value) == (f"init checkpoint {folder}: model.safetensors.index.json names "
+                              "model-00002-of-00002.safetensors, which is not in the folder")
+
+
+def test_an_hf_folders_file_or_cut_vocab_is_one_line(trained, exported, tmp_path):
+    """INIT_CHECKPOINT naming the folder's model.safetensors: the folder is what it takes; a
+    vocab.txt of another size than config.json's vocab_size: refused, not trained on."""
+    from bertperf.model.bert_config import BertConfig
+    from bertperf.model.convert_cli import load_init_checkpoint
+    config = BertConfig.from_json(trained["bert"])
+    weights = exported / "model.safetensors"
+    with pytest.raises(UserError) as err:
+        load_init_checkpoint(weights, config)
+    assert str(err.value) == (f"init checkpoint {weights}: a file of a HuggingFace model folder; "
+                              f"INIT_CHECKPOINT takes the folder itself ({exported})")
+    folder = hf_folder(exported, tmp_path, {})
+    (folder / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(10)))
+    with pytest.raises(UserError) as err:
+        load_init_checkpoint(folder, config)
+    assert str(err.value) == (f"init checkpoint {folder}: vocab.txt has 10 tokens, the model's "
+                              "vocabulary 32 (config.json's vocab_size)")
+
+
+def test_train_check_reads_the_hf_folders_config(trained, exported, tmp_path):
+    """`train --check` (train.checks.prepare) refuses a folder whose config.json does not fit
+    the run, as the run itself would, before anything is written."""
+    from bertperf.config import load
+    from bertperf.train.checks import prepare
+    data = trained["ck"].parent / "data"
+    folder = hf_folder(exported, tmp_path, {"config.json": {"hidden_size": 64}})
+    env = {"DATADIR_PHASE2": str(data / "train"), "EVAL_FILE": str(data / "eval.hdf5"),
+           "BERT_CONFIG": trained["bert"], "BATCHSIZE": "4", "LR": "0.01", "MAX_STEPS": "20",
+           "INIT_CHECKPOINT": str(folder), "LOGDIR": str(tmp_path / "logs")}
+    with pytest.raises(UserError) as err:
+        prepare(load(env))
+    assert str(err.value) == (f"init checkpoint {folder}: config.json has hidden_size 64, this "
+                              "run's BERT (BERT_CONFIG) has 32")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_auto_passes_over_a_damaged_newest_checkpoint_as_resume_does(trained, tmp_path, capsys):
+    """--checkpoint auto with the newest checkpoint damaged: the newest that loads is exported,
+    the note says which was passed over and why (RESUME_FROM=auto's rule); none that loads is
+    one line."""
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    good = next(trained["ck"].iterdir())
+    (folder / good.name).write_bytes(good.read_bytes())
+    damaged = folder / "ckpt_00000009.pt"
+    damaged.write_bytes(b"cut short")
+    argv = ["export", "--checkpoint", "auto", "--checkpoint-dir", str(folder), "--vocab",
+            str(trained["vocab"])]
+    assert main([*argv, "--output", str(tmp_path / "model")]) == 0
+    out = capsys.readouterr().out
+    assert f"export: {folder / good.name} -> {tmp_path / 'model'}" in out
+    (note,) = [line for line in out.splitlines() if "the newest checkpoint that loads" in line]
+    assert note.startswith(f"export: note: checkpoint {damaged}: ") and note.endswith(
+        f"; exporting the newest checkpoint that loads, {folder / good.name}")
+    (folder / good.name).write_bytes(b"cut short too")
+    assert main([*argv, "--output", str(tmp_path / "other")]) == 1
+    assert error_line(capsys).startswith(f"bertperf: error: --checkpoint auto: none of the 2 "
+                                         f"checkpoints in {folder} can be read (the newest: ")
+
+
+def test_a_layerwise_checkpoint_exports_its_stages_layers(tmp_path, trained, capsys):
     """A LAYERWISE run's checkpoint in its first stage (1 of the 2 layers) exports as a BERT of
     1 layer, the card saying so; transformers loads it."""
     from bertperf import config
@@ -303,5 +392,6 @@ def test_a_layerwise_checkpoint_exports_its_stages_layers(tmp_path, trained):
                  "--vocab", str(trained["vocab"]), "--output", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
     assert "1 of 2 layers (a LAYERWISE stage)" in (out / "README.md").read_text()
+    assert "BertForPreTraining, 1 of 2 layers (a LAYERWISE stage) of " in capsys.readouterr().out
     transformers = pytest.importorskip("transformers")
     assert transformers.BertForPreTraining.from_pretrained(out).config.num_hidden_layers == 1

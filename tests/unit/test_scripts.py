@@ -272,6 +272,25 @@ def test_no_result_when_the_trainer_refuses_the_config(tmp_path, gpus):
     assert ("STARTING TIMING RUN" in run.stdout) == (gpus == "1")
 
 
+def test_a_bad_hf_init_folder_is_one_line_before_the_ranks_start(tmp_path):
+    """Two ranks the script starts itself, INIT_CHECKPOINT a HuggingFace folder without weights:
+    its check (train --check, before any rank) says so once, and no timing run starts."""
+    from tests.support.copy_task import make_dataset
+    data = make_dataset(tmp_path / "data")
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    env = clean_env(PYTHON=sys.executable, BATCHSIZE="8", GRADIENT_STEPS="1", LR="0.1",
+                    MAX_STEPS="10", DGXNGPU="2", CLEAR_CACHES="0", INIT_CHECKPOINT=str(folder),
+                    MLLOG_FILE=str(tmp_path / "result.txt"), **data)
+    run = run_and_time(env, tmp_path)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines() == [
+        f"bertperf: error: init checkpoint {folder}: no model.safetensors, "
+        "model.safetensors.index.json or pytorch_model.bin in the folder"], run.stderr
+    assert "TIMING RUN" not in run.stdout
+
+
 @pytest.mark.parametrize("launcher, ranks", [({}, "0 64 0"), (LAUNCHERS["torchrun"][0], "1 2 1")])
 def test_check_validates_the_whole_job(standins, tmp_path, launcher, ranks):
     """`--check` by hand: the job the config describes (8 nodes x 8 GPUs = 64 ranks); under a

@@ -32,7 +32,8 @@ from bertperf.formats.outputs import claim
 from bertperf.model.bert import BertForPreTraining
 from bertperf.model.bert_config import NAMED, BertConfig
 from bertperf.model.hf import (HF_CONFIG, HF_SHAPE_KEYS, HF_TOKENIZER_CONFIG, HF_TORCH_WEIGHTS,
-                               HF_WEIGHTS, from_hf_state_dict, renamed)
+                               HF_VOCAB, HF_WEIGHTS, HF_WEIGHTS_INDEX, from_hf_state_dict,
+                               renamed)
 from bertperf.model.tf_checkpoint import checkpoint_prefix, state_dict_from_tf
 
 
@@ -66,6 +67,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_init_checkpoint(path: Path, config: BertConfig) -> str:
+    """What INIT_CHECKPOINT `path` is wrong about without reading a tensor (train --check runs
+    it): a HuggingFace folder's check_hf_folder, one of such a folder's files named instead of
+    the folder; the source its lines start with."""
+    source = f"init checkpoint {path}"
+    if path.is_dir():
+        check_hf_folder(path, config, source)
+    elif path.suffix == ".safetensors" or path.name == HF_WEIGHTS_INDEX:
+        raise UserError(f"{source}: a file of a HuggingFace model folder; INIT_CHECKPOINT takes "
+                        f"the folder itself ({path.parent})")
+    return source
+
+
 def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torch.Tensor]:
     """BertForPreTraining's state dict from `path`: a TF checkpoint (its prefix, or one of its
     files), a file written by convert-ckpt, NVIDIA's converted checkpoint or a HuggingFace model
@@ -73,7 +87,7 @@ def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torc
     UserError naming the file and the first tensor missing, unknown or misshapen, by its name in
     the file)."""
     path = Path(path)
-    source = f"init checkpoint {path}"
+    source = check_init_checkpoint(path, config)
     if path.is_dir():
         saved = read_hf_folder(path, config, source)
     else:
@@ -106,12 +120,13 @@ def load_init_checkpoint(path: str | Path, config: BertConfig) -> dict[str, torc
     return state_dict
 
 
-def read_hf_folder(folder: Path, config: BertConfig, source: str) -> dict[str, torch.Tensor]:
-    """The tensors of HuggingFace model folder `folder` (config.json and model.safetensors, or
-    pytorch_model.bin), by their names there; one-line UserErrors starting with `source` for a
-    file missing or damaged, another model type or size than `config` (config.json's
-    HF_SHAPE_KEYS, read before any tensor) and a cased tokenizer (tokenizer_config.json's
-    do_lower_case false: the MLPerf data is lower-cased)."""
+def check_hf_folder(folder: Path, config: BertConfig, source: str) -> list[Path]:
+    """What of HuggingFace model folder `folder` can be checked without reading a tensor, as
+    one-line UserErrors starting with `source` (train --check runs it): config.json (model type,
+    size against `config`'s HF_SHAPE_KEYS, activation), a cased tokenizer (tokenizer_config.json's
+    do_lower_case false: the MLPerf data is lower-cased), a vocab.txt of another size than the
+    model's vocabulary; the weight files: model.safetensors, the shards its index
+    (model.safetensors.index.json) names, or pytorch_model.bin."""
     if not (folder / HF_CONFIG).is_file():
         raise UserError(f"{source}: no {HF_CONFIG} in the folder (not a HuggingFace model "
                         "folder)")
@@ -131,18 +146,47 @@ def read_hf_folder(folder: Path, config: BertConfig, source: str) -> dict[str, t
     if tokenizer.is_file() and read_json_object(tokenizer, source).get("do_lower_case") is False:
         raise UserError(f"{source}: a cased model ({HF_TOKENIZER_CONFIG} has do_lower_case "
                         "false); the MLPerf data is lower-cased")
-    weights = folder / HF_WEIGHTS
-    if weights.is_file():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-        try:
-            return load_file(weights)
-        except (SafetensorError, OSError) as exc:
-            raise UserError(f"{source}: {HF_WEIGHTS} is damaged, cannot be read "
-                            f"({first_sentence(str(exc)) or type(exc).__name__})") from None
+    vocab = folder / HF_VOCAB
+    if vocab.is_file():
+        tokens = len(vocab.read_bytes().splitlines())
+        if tokens != config.vocab_size:
+            raise UserError(f"{source}: {HF_VOCAB} has {tokens} tokens, the model's vocabulary "
+                            f"{config.vocab_size} ({HF_CONFIG}'s vocab_size)")
+    if (folder / HF_WEIGHTS).is_file():
+        return [folder / HF_WEIGHTS]
+    index = folder / HF_WEIGHTS_INDEX
+    if index.is_file():
+        weight_map = read_json_object(index, source).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UserError(f"{source}: {HF_WEIGHTS_INDEX} has no weight_map")
+        shards = [folder / name for name in dict.fromkeys(weight_map.values())]
+        missing = [p.name for p in shards if not p.is_file()]
+        if missing:
+            raise UserError(f"{source}: {HF_WEIGHTS_INDEX} names {missing[0]}, which is not in "
+                            "the folder")
+        return shards
     if (folder / HF_TORCH_WEIGHTS).is_file():
-        return read_torch_file(folder / HF_TORCH_WEIGHTS, source)
-    raise UserError(f"{source}: no {HF_WEIGHTS} or {HF_TORCH_WEIGHTS} in the folder")
+        return [folder / HF_TORCH_WEIGHTS]
+    raise UserError(f"{source}: no {HF_WEIGHTS}, {HF_WEIGHTS_INDEX} or {HF_TORCH_WEIGHTS} in "
+                    "the folder")
+
+
+def read_hf_folder(folder: Path, config: BertConfig, source: str) -> dict[str, torch.Tensor]:
+    """The tensors of HuggingFace model folder `folder` (check_hf_folder first), by their names
+    there: every safetensors shard's, or pytorch_model.bin's."""
+    files = check_hf_folder(folder, config, source)
+    if files[0].name == HF_TORCH_WEIGHTS:
+        return read_torch_file(files[0], source)
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        try:
+            tensors.update(load_file(path))
+        except (SafetensorError, OSError) as exc:
+            raise UserError(f"{source}: {path.name} is damaged, cannot be read "
+                            f"({first_sentence(str(exc)) or type(exc).__name__})") from None
+    return tensors
 
 
 def read_json_object(path: Path, source: str) -> dict:

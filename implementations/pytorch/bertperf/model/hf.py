@@ -114,6 +114,10 @@ HF_TOKENIZER_CONFIG = "tokenizer_config.json"
 HF_TORCH_WEIGHTS = "pytorch_model.bin"
 """The older name of a folder's weights (torch.save of the state dict), read where it has no
 HF_WEIGHTS."""
+HF_WEIGHTS_INDEX = "model.safetensors.index.json"
+"""Where HF_WEIGHTS is sharded (transformers' save_pretrained of a large model): its
+weight_map names each tensor's shard file."""
+HF_VOCAB = "vocab.txt"
 HF_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "intermediate_size", "max_position_embeddings", "type_vocab_size")
 """The config.json keys that must equal the run's BertConfig for its weights to load."""

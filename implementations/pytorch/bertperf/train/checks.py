@@ -35,11 +35,15 @@ def data_sequence_length(cfg: RunConfig) -> tuple[int, Path]:
 
 def prepare(cfg: RunConfig) -> RunConfig:
     """The configuration with its layout resolved (train.layout.resolve), after train.allowed's
-    refusals and every check of this module passed: what `train` and `train --check` run before
+    refusals, every check of this module and INIT_CHECKPOINT's that read no tensor
+    (convert_cli.check_init_checkpoint) passed: what `train` and `train --check` run before
     anything is written."""
     cfg = layout.resolve(cfg)
     allowed.check(cfg)
-    check_run(cfg)
+    bert = check_run(cfg)
+    if cfg.model.init_checkpoint is not None:
+        from bertperf.model.convert_cli import check_init_checkpoint
+        check_init_checkpoint(cfg.model.init_checkpoint, bert)
     check_eval_length(cfg)
     check_outputs(cfg)
     return cfg

@@ -59,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    path = checkpoint_file(args.checkpoint, args.checkpoint_dir)
-    inputs = [("--checkpoint", path), ("--checkpoint-dir", args.checkpoint_dir),
+    candidates = checkpoint_files(args.checkpoint, args.checkpoint_dir)
+    inputs = [("--checkpoint", candidates[0]), ("--checkpoint-dir", candidates[0].parent),
               ("--vocab", args.vocab), ("--log", args.log)]
     out = claim("--output", args.output, "export", inputs=inputs, force=args.force)
     if args.log is not None and not args.log.is_file():
@@ -72,14 +72,15 @@ def run(args: argparse.Namespace) -> int:
     from bertperf.model.hf import HF_CONFIG, HF_WEIGHTS, hf_config, hf_saved_tensors
     from bertperf.resources import find_vocab
     from bertperf.train import checkpoint
-    state = checkpoint.read(path)
+    path, state, passed = newest_that_reads(candidates)
     bert, settings = run_model(state, path)
     vocab = args.vocab or find_vocab()
     check_vocab(vocab, bert.vocab_size)
     weights = model_weights(state["model"], bert, path)
     record = state.get(checkpoint.RECORD) or {}
     log = args.log or (Path(record["log"]) if "log" in record else None)
-    notes = []
+    notes = [f"{'; '.join(passed)}; exporting the newest checkpoint that loads, {path}"
+             ] if passed else []
     if log is not None and not log.is_file():
         notes.append(f"the MLPerf log the checkpoint records, {log}, is not there: the model "
                      "card tells the checkpoint only (--log names the log)")
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         write_tokenizer(tmp, vocab, bert.max_position_embeddings)
         (tmp / "README.md").write_text(card)
     params = sum(t.numel() for t in tensors.values())
-    print(f"export: {path} -> {out}: BertForPreTraining, {bert.num_hidden_layers} layers of "
+    print(f"export: {path} -> {out}: BertForPreTraining, {depth(bert, settings)} of "
           f"{bert.hidden_size}, {params:,} parameters, {time.perf_counter() - start:.1f} s")
     if importlib.util.find_spec("transformers") is None:
         notes.append("transformers is not installed here; the project's hf extra brings it "
@@ -108,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def checkpoint_file(given: str, folder: Path | None) -> Path:
-    """--checkpoint's file: the one named, or with "auto" the newest in `folder` (default
-    CHECKPOINT_DIR)."""
+def checkpoint_files(given: str, folder: Path | None) -> list[Path]:
+    """--checkpoint's file, or with "auto" the checkpoints in `folder` (default CHECKPOINT_DIR),
+    newest first."""
     if given != "auto":
-        return Path(given)
+        return [Path(given)]
     from bertperf.train.checkpoint import newest_first
     folder = folder or config.checkpoint_settings().checkpoint_dir
     if folder is None:
@@ -121,7 +122,24 @@ def checkpoint_file(given: str, folder: Path | None) -> Path:
     found = newest_first(folder)
     if not found:
         raise UserError(f"--checkpoint auto: no checkpoint (ckpt_<step>.pt) in {folder}")
-    return found[0]
+    return found
+
+
+def newest_that_reads(candidates: list[Path]) -> tuple[Path, dict[str, Any], list[str]]:
+    """The first of `candidates` that reads, as RESUME_FROM=auto picks (Checkpointer.pick), its
+    state, and why each newer one was passed over; a named file that does not read, or none of
+    several, is one line."""
+    from bertperf.train import checkpoint
+    passed = []
+    for path in candidates:
+        try:
+            return path, checkpoint.read(path), passed
+        except UserError as exc:
+            if len(candidates) == 1:
+                raise
+            passed.append(str(exc))
+    raise UserError(f"--checkpoint auto: none of the {len(candidates)} checkpoints in "
+                    f"{candidates[0].parent} can be read (the newest: {passed[0]})")
 
 
 def run_model(state: dict[str, Any], path: Path) -> tuple[BertConfig, dict[str, Any]]:
@@ -173,8 +191,8 @@ def write_tokenizer(folder: Path, vocab: Path, max_length: int) -> None:
     """BERT's tokenizer as HF reads it from `folder`: `vocab` as vocab.txt and
     tokenizer_config.json (lower case and accents stripped, as MLPerf's data, BERT's special
     tokens, `max_length` tokens at most)."""
-    from bertperf.model.hf import HF_TOKENIZER_CONFIG
-    shutil.copyfile(vocab, folder / "vocab.txt")
+    from bertperf.model.hf import HF_TOKENIZER_CONFIG, HF_VOCAB
+    shutil.copyfile(vocab, folder / HF_VOCAB)
     tokenizer = {"tokenizer_class": "BertTokenizer", "do_lower_case": True,
                  "model_max_length": max_length, **SPECIAL_TOKENS}
     (folder / HF_TOKENIZER_CONFIG).write_text(json.dumps(tokenizer, indent=2) + "\n")
@@ -195,15 +213,21 @@ def log_summary(log: Path) -> dict[str, Any]:
     return found
 
 
+def depth(bert: BertConfig, settings: dict[str, Any]) -> str:
+    """The exported model's layers: "24 layers", or "12 of 24 layers (a LAYERWISE stage)" where
+    the checkpoint is a stage's."""
+    full = settings["model.num_hidden_layers"]
+    return (f"{bert.num_hidden_layers} of {full} layers (a LAYERWISE stage)"
+            if bert.num_hidden_layers != full else f"{full} layers")
+
+
 def model_card(bert: BertConfig, settings: dict[str, Any], record: dict[str, Any],
                progress: dict[str, int], path: Path, vocab: Path, log: Path | None) -> str:
     """README.md of the exported folder (module docstring)."""
     from bertperf.resources import VOCAB_MD5
     summary = log_summary(log) if log is not None else {}
-    full = settings["model.num_hidden_layers"]
-    depth = (f"{bert.num_hidden_layers} of {full} layers (a LAYERWISE stage)"
-             if bert.num_hidden_layers != full else f"{full} layers")
-    rows = [("model", f"BERT, {depth} of {bert.hidden_size}, {bert.num_attention_heads} heads, "
+    rows = [("model", f"BERT, {depth(bert, settings)} of {bert.hidden_size}, "
+                      f"{bert.num_attention_heads} heads, "
                       f"vocabulary {bert.vocab_size:,} (lower case)"),
             ("checkpoint", f"{path.name}: step {progress['step']:,}, {progress['samples']:,} "
                            "samples trained")]
