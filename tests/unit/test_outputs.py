@@ -285,3 +285,28 @@ def test_a_writer_loses_nothing(kind, case, tmp_path, small_disk, capfd):
     if case == "its own, no --force":
         assert "--force replaces it" in lines[0]
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("stage", ["clean", "chop"])
+def test_a_prep_stage_keeps_a_file_it_did_not_write_at_an_output_name(stage, tmp_path, capfd):
+    """The prep stages that write into a folder the user names (their manifest records what
+    they wrote) refuse, before any work, a file at one of their output names that they did not
+    write; the file stays as it was."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    if stage == "clean":
+        (inp / "AA").mkdir(parents=True)
+        (inp / "AA" / "wiki_00").write_text('<doc id="1" url="u" title="T">\nT\n\nSome text.\n'
+                                            "</doc>\n")
+        theirs, argv = out / "AA" / "wiki_00", ["prep", "clean", "--input", str(inp)]
+    else:
+        write_synthetic_shards(inp, 1, 8, seed=1, max_seq_length=64, max_pred=10)
+        theirs = out / "part_00000_of_00001.h5"
+        argv = ["prep", "chop", "--input", str(inp), "--num_shards", "1"]
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text("the user's file")
+    code, err = run(Writer("--output", "", lambda i, o: [*argv, "--output", str(out)],
+                           lambda path: None), inp, out, False)
+    assert code != 0 and err.strip().splitlines() == [
+        f"bertperf: error: {theirs}: exists and was not written by prep {stage}; choose another "
+        "--output or remove the file"], err
+    assert theirs.read_text() == "the user's file"

@@ -404,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{in_dir}: {n_samples} samples, fewer than --num_shards={n_shards}")
     plan = make_plan(infos, n_shards, args.memory_gb * (1 << 30), args.workers, args.format)
     names = [shard_name(k, n_shards, args.format) for k in range(n_shards)]
+    manifest.own_outputs(out_dir, STAGE, names)
     params = {"num_shards": n_shards, "seed": args.seed, "format": args.format,
               "max_seq_length": first.max_seq_length, "max_pred": first.max_pred,
               "shuffle": "numpy-default_rng-permutation/1"}

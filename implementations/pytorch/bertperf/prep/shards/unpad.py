@@ -105,6 +105,7 @@ def plan(args: argparse.Namespace) -> list[Task]:
     if len(set(dsts)) != len(dsts):
         dup = next(d for d in dsts if dsts.count(d) > 1)
         raise UserError(f"{dup}: two inputs would make this output (same stem)")
+    manifest.own_outputs(out_dir, STAGE, [Path(d).name for d in dsts])
     return tasks
 
 

@@ -287,6 +287,7 @@ def run_per_file_stage(
     for path, rel in inputs:
         if (out / rel).resolve() == path.resolve():
             raise UserError(f"{path}: output would overwrite this input; choose another --output")
+    manifest.own_outputs(out, stage, [rel for _, rel in inputs])
     folders = sorted({(out / rel).parent for _, rel in inputs})
     with manifest.stage_outputs([out, *folders], world.rank == 0):
         prepare_output(out)

@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     for path, _ in inputs:
         if path.resolve().parent == out.resolve() and path.name in (*names, EVAL_TXT, EVAL_MD5):
             raise UserError(f"{path}: output would overwrite this input; choose another --output")
+    manifest.own_outputs(out, STAGE, [*names, EVAL_TXT, EVAL_MD5])
     common = {
         "reference": "seperate_test_set.py+do_gather.py",
         "num_files": num_files,
