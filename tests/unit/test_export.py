@@ -215,19 +215,16 @@ def test_bad_inputs_are_one_line(trained, exported, tmp_path, capsys):
     assert sorted(p.name for p in again.iterdir()) == sorted(p.name for p in exported.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "empty", "taken"]
     capsys.readouterr()
-    foreign = tmp_path / "notes.txt"
-    foreign.write_text("not a log\n")
-    assert main(["export", "--checkpoint", str(next(trained["ck"].iterdir())), "--log",
-                 str(foreign), "--output", str(tmp_path / "o")]) == 1
-    assert error_line(capsys) == (f"bertperf: error: --log {foreign}: not an MLPerf log (no "
-                                  ":::MLLOG line)")
-    foreign.unlink()
-    other = tmp_path / "vocab.txt"
-    other.write_text("[PAD]\n[UNK]\n")
-    assert main(["export", "--checkpoint", str(next(trained["ck"].iterdir())), "--vocab",
-                 str(other), "--output", str(tmp_path / "o")]) == 1
-    assert error_line(capsys) == (f"bertperf: error: --vocab {other}: 2 tokens, the model's "
-                                  "vocabulary has 32 (name the vocab the data was made with)")
+    for flag, name, text, why in [
+            ("--log", "notes.txt", "not a log\n", "not an MLPerf log (no :::MLLOG line)"),
+            ("--vocab", "vocab.txt", "[PAD]\n[UNK]\n", "2 tokens, the model's vocabulary has 32 "
+             "(name the vocab the data was made with)")]:
+        given = tmp_path / name
+        given.write_text(text)
+        assert main(["export", "--checkpoint", str(next(trained["ck"].iterdir())), flag,
+                     str(given), "--output", str(tmp_path / "o")]) == 1
+        assert error_line(capsys) == f"bertperf: error: {flag} {given}: {why}"
+        given.unlink()
 
 
 def test_a_full_disk_leaves_no_partial_folder(trained, exported, small_disk, capsys):
