@@ -116,6 +116,23 @@ def test_an_output_folder_that_is_a_file_is_named(tmp_path):
         assert str(err.value) == message
 
 
+def test_plot_never_replaces_a_file_that_is_not_its_png(tmp_path):
+    """PLOT=1 draws into <MLPerf log>.png: an earlier PNG there is redrawn, any other file
+    refused before the run."""
+    from bertperf.config import load
+    from bertperf.errors import UserError
+    from bertperf.train.checks import prepare
+    env = env_for(tmp_path, PLOT="1", MLLOG_FILE=str(tmp_path / "result.txt"))
+    png = tmp_path / "result.txt.png"
+    png.write_text("the user's notes")
+    with pytest.raises(UserError) as err:
+        prepare(load(env))
+    assert str(err.value) == (f"PLOT=1's {png}: exists and is not a file plot wrote: name "
+                              "another output")
+    png.write_bytes(b"\x89PNG\r\n\x1a\n an earlier curve")
+    prepare(load(env))
+
+
 def test_a_read_only_checkpoint_dir_is_refused_before_the_run(tmp_path, small_disk):
     """CHECKPOINT_DIR on a read-only file system (its first checkpoint would come at the end of
     the run): refused before the data is read and before the MLPerf log opens."""

@@ -94,6 +94,8 @@ def check_outputs(cfg: RunConfig) -> None:
                                 ("EVAL_FILE", cfg.data.eval_file),
                                 ("INIT_CHECKPOINT", cfg.model.init_checkpoint),
                                 ("BERT_CONFIG", bert_config)])
+    if cfg.train.plot:  # <log>.png: the curves of an earlier run are redrawn, nothing else
+        claim("PLOT=1's", Path(f"{cfg.log_path}.png"), "plot", force=True)
 
 
 def matmul_slowdown(dtype: torch.dtype, n: int = 128, repeats: int = 10) -> float:
