@@ -366,12 +366,16 @@ def print_plan() -> None:
         print(f"| `{s.name}`: {s.title} | {s.estimate} | {s.limit} | {needs or '-'} |")
 
 
+def report_exists(path: Path) -> CheckError:
+    """The refusal of a new check's report where one is already."""
+    return CheckError(f"{path} exists: continue it with --from STEP, or name another --report")
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Every path the check writes, before any step: --out (new, empty or the check's own), and
     --report (a new file, or with --from one of the check's reports), else --reports."""
     if args.report is not None and args.report.is_file() and args.start is None:
-        raise CheckError(f"{args.report} exists: continue it with --from STEP, or name another "
-                         "--report")
+        raise report_exists(args.report)
     try:
         claim("--out", args.out, "gpu-check")
         if args.report is not None:
@@ -411,7 +415,7 @@ def main() -> int:
 
     path = report_path(args, machine["gpu"])
     if args.start is None and path.exists():
-        raise CheckError(f"{path} exists: continue it with --from STEP, or name another --report")
+        raise report_exists(path)
     earlier = path.read_text().rstrip("\n").splitlines() if args.start else []
     report = Report(path, earlier)
     passed = report.passed()
