@@ -9,6 +9,7 @@ bertperf does not support (NGC 25.04's 2.7 pre-release)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -90,6 +91,23 @@ def fingerprint(podman_env: dict, image: str) -> str:
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip()
+
+
+def versions(podman_env: dict, image: str, *names: str) -> dict:
+    """The installed version of each of NAMES in IMAGE (None where it has none), read from the
+    image, not from a build's output (a cached layer prints nothing)."""
+    code = ("import importlib.metadata as m, json, sys\n"
+            "def v(n):\n"
+            "    try:\n"
+            "        return m.version(n)\n"
+            "    except m.PackageNotFoundError:\n"
+            "        return None\n"
+            "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    done = subprocess.run(["podman", "run", "--rm", "--network", "none", image, "python", "-c",
+                           code, *names], env=podman_env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def build_project(podman_env: dict, tag: str, base: str) -> subprocess.CompletedProcess:
