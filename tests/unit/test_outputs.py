@@ -1,12 +1,14 @@
 """Nothing a user owns is lost: every writer of formats/outputs.py's KINDS, run as its user runs
 it, against the same cases (its output named as one of its inputs, the input's folder, that
 folder's parent, a file or non-empty folder it did not write, its own earlier output with and
-without --force, a folder on a read-only file system), with --force wherever it takes one: a
-refusal is one line naming the output, and nothing on disk changed. A module that writes through the atomic helpers is either a row
+without --force, a folder on a read-only file system, a full disk that holds its own earlier
+output), with --force wherever it takes one: a refusal is one line naming the output, before any
+work, and nothing on disk changed. A module that writes through the atomic helpers is either a row
 here or in WRITES_ITS_OWN with the rule it follows, so a new writer cannot go unlisted."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -204,7 +206,18 @@ WRITES_ITS_OWN = {
 write."""
 
 CASES = ("input", "input's folder", "input's parent", "a foreign file", "a foreign folder",
-         "its own, no --force", "its own, --force", "read-only")
+         "its own, no --force", "its own, --force", "read-only", "a full disk")
+
+
+def fill(path: Path) -> None:
+    """A file at `path` that takes what its disk has left."""
+    try:
+        with open(path, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
 
 
 def tree(root: Path) -> dict[str, bytes | None]:
@@ -268,6 +281,12 @@ def test_a_writer_loses_nothing(kind, case, tmp_path, small_disk, capfd):
     elif case == "read-only":
         disk = small_disk("ro", kib=64, read_only=True)
         out = disk / "out"
+    elif case == "a full disk":  # its own earlier output there, --force: refused before any work
+        disk = small_disk("full", kib=1024)
+        out = disk / "out"
+        if writer.force:
+            writer.own(out)
+        fill(disk / "the user's other file")
     else:
         out = tmp_path / "earlier"
         writer.own(out)
@@ -284,6 +303,8 @@ def test_a_writer_loses_nothing(kind, case, tmp_path, small_disk, capfd):
     assert len(lines) == 1 and str(out) in lines[0], err
     if case == "its own, no --force":
         assert "--force replaces it" in lines[0]
+    if case == "a full disk":
+        assert "is on a full disk (no space left on device)" in lines[0], lines[0]
     assert tree(tmp_path) == before
 
 

@@ -72,3 +72,20 @@ def test_cli(tmp_path):
                          env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "result_0.txt.png").is_file()
+
+
+def test_a_disk_that_fills_while_the_png_is_written_keeps_the_earlier_one(tmp_path, small_disk,
+                                                                          capsys):
+    """Room for the free-space probe, not for the PNG: one line saying the disk is full, and
+    the earlier curve (--force) is left as it was, with no temporary beside it."""
+    from bertperf.__main__ import main
+    disk = small_disk("disk", kib=8)
+    earlier = disk / "curves.png"
+    earlier.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 8)
+    log = write_log(tmp_path / "result_0.txt")
+    assert main(["plot", str(log), "--output", str(earlier), "--force"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bertperf: error: {earlier}: cannot write: no space left on device (in "
+                   f"{disk}); nothing under that name changed"], err
+    assert [p.name for p in disk.iterdir()] == ["curves.png"]
+    assert earlier.read_bytes() == b"\x89PNG\r\n\x1a\n" + b"\0" * 8

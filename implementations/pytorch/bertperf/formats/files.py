@@ -52,8 +52,9 @@ def os_error_line(exc: OSError) -> str:
 
 def folder_problem(folder: str | os.PathLike) -> str | None:
     """Why files cannot be written into `folder` (made first where it is missing), in a few
-    words: "is a file, not a folder", "is on a read-only file system", "cannot be made: <the
-    nearest existing path above it> is not writable", ...; None when they can."""
+    words: "is a file, not a folder", "is on a read-only file system", "is on a full disk",
+    "cannot be made: <the nearest existing path above it> is not writable", ...; None when they
+    can."""
     folder = Path(folder)
     existing = folder
     while not existing.exists() and existing != existing.parent:
@@ -64,10 +65,13 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
         return f"{where}is " + ("on a read-only file system" if read_only else "not writable")
-    try:  # root passes os.access where the file system still refuses (/proc, some mounts)
-        with tempfile.TemporaryFile(dir=existing):
-            pass
+    try:  # root passes os.access where the file system still refuses (/proc, some mounts);
+        with tempfile.TemporaryFile(dir=existing) as probe:  # a full disk refuses a byte
+            probe.write(b"\0")
+            probe.flush()
     except OSError as exc:
+        if exc.errno in DISK_FULL:
+            return f"{where}is on a full disk ({write_failure(exc)})"
         return f"{where}is not writable ({(exc.strerror or str(exc)).lower()})"
     return None
 
