@@ -98,23 +98,30 @@ def check_outputs(cfg: RunConfig) -> None:
         claim("PLOT=1's", Path(f"{cfg.log_path}.png"), "plot", force=True)
 
 
-def matmul_slowdown(dtype: torch.dtype, n: int = 128, repeats: int = 10) -> float:
-    """How many times longer an n x n matmul takes in `dtype` than in fp32 on this CPU (the
-    best of `repeats` each, after one warm-up): about 1 or below where the CPU has instructions
-    for it, far above where they are emulated."""
+def matmul_slowdown(dtype: torch.dtype, n: int = 256, repeats: int = 10) -> float:
+    """How many times longer an n x n matmul takes in `dtype` than in fp32 on this CPU: about 1
+    or below where the CPU has instructions for it, far above where they are emulated. The two
+    are timed in turns on one thread, `repeats` pairs after one warm-up each, and the best of
+    each kept, so a busy neighbour on the machine slows both alike and the ratio stands (a
+    multi-threaded matmul waits for its slowest thread, which a neighbour delays at random)."""
     import time
 
-    def best(dt: torch.dtype) -> float:
-        a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
-        a @ b
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
+    pairs = {dt: (torch.randn(n, n).to(dt), torch.randn(n, n).to(dt))
+             for dt in (torch.float32, dtype)}
+    best = dict.fromkeys(pairs, float("inf"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for a, b in pairs.values():
             a @ b
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return best(dtype) / best(torch.float32)
+        for _ in range(repeats):
+            for dt, (a, b) in pairs.items():
+                start = time.perf_counter()
+                a @ b
+                best[dt] = min(best[dt], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return best[dtype] / best[torch.float32]
 
 
 SLOW_PRECISION = 2.0
