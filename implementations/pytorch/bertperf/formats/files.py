@@ -16,6 +16,8 @@ from bertperf.errors import UserError
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+FULL = "is on a full disk"
+"""folder_problem's words for a folder whose disk refuses one more byte."""
 
 
 def os_error_in(exc: BaseException) -> OSError | None:
@@ -71,7 +73,7 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
             probe.flush()
     except OSError as exc:
         if exc.errno in DISK_FULL:
-            return f"{where}is on a full disk ({write_failure(exc)})"
+            return f"{where}{FULL} ({write_failure(exc)})"
         return f"{where}is not writable ({(exc.strerror or str(exc)).lower()})"
     return None
 
@@ -97,8 +99,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     parent = path.parent
     if path.is_dir():
         raise UserError(f"{path}: is a folder, expected the name of a file to write")
-    if why := folder_problem(parent):
-        raise UserError(f"{parent}: {why}")
+    refuse_unwritable(path)
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".{path.name}.tmp-{os.getpid()}"
     try:
@@ -111,12 +112,25 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def refuse_unwritable(path: Path) -> None:
+    """One UserError when `path`'s folder cannot be written (folder_problem); a full disk is
+    said as raise_if_disk_full says it, found before the write or during it."""
+    why = folder_problem(path.parent)
+    if why is not None and why.startswith(f"{FULL} ("):
+        raise UserError(disk_full_line(path, why.removeprefix(f"{FULL} (")[:-1]))
+    if why is not None:
+        raise UserError(f"{path.parent}: {why}")
+
+
+def disk_full_line(path: Path, reason: str) -> str:
+    return f"{path}: cannot write: {reason} (in {path.parent}); nothing under that name changed"
+
+
 def raise_if_disk_full(exc: BaseException, path: Path) -> None:
     """One UserError naming `path` when `exc` comes from a full disk (or quota)."""
     found = os_error_in(exc)
     if found is not None and found.errno in DISK_FULL:
-        raise UserError(f"{path}: cannot write: {write_failure(exc)} (in {path.parent}); "
-                        "nothing under that name changed") from None
+        raise UserError(disk_full_line(path, write_failure(exc))) from None
 
 
 @contextlib.contextmanager
@@ -130,8 +144,7 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
     parent = path.parent
     if path.exists() and not path.is_dir():
         raise UserError(f"{path}: is a file, expected the name of a folder to write")
-    if why := folder_problem(parent):
-        raise UserError(f"{parent}: {why}")
+    refuse_unwritable(path)
     parent.mkdir(parents=True, exist_ok=True)
     tmp, old = (parent / f".{path.name}.{kind}-{os.getpid()}" for kind in ("tmp", "old"))
     for stale in (tmp, old):  # left by a killed process of the same id
