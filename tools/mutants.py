@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / ".mutants"
 TREE = STATE / "tree"
 SET = Path(__file__).with_name("mutation_set.json")
+TORCH = re.compile(r"^import torch$", re.M)
 TIERS = {  # make test's two pytest runs, as the Makefile gives them
     "unit": ["-n", "2", "--dist", "loadgroup", "tests/unit"],
     "e2e": ["tests", "--ignore=tests/unit", "--ignore=tests/container"],
@@ -152,9 +154,10 @@ def probed(text: str, mutants: list[Mutant], python: str) -> str:
     for m in sorted(mutants, key=lambda m: site(text, m), reverse=True):
         i = site(text, m)
         indent = m.old[:len(m.old) - len(m.old.lstrip())]
-        if m.path.endswith(".py"):
-            probe = (f'{indent}(__import__("sys").path.append("{TREE}") if "{TREE}" not in '
-                     f'__import__("sys").path else None, '
+        if m.path.endswith(".py"):  # torch.compile traces past it (is_compiling() is True)
+            compiled = "torch.compiler.is_compiling() or " if TORCH.search(text) else ""
+            probe = (f'{indent}{compiled}(__import__("sys").path.append("{TREE}") if "{TREE}" '
+                     f'not in __import__("sys").path else None, '
                      f'__import__("_mutant_probe").hit({m.name!r}))')
         else:
             probe = f'{indent}"{python}" "{TREE}/_mutant_probe.py" {m.name} $$ || true'
