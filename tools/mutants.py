@@ -180,6 +180,11 @@ def pytest(args: list[str], timeout: float | None = None) -> tuple[int, bool]:
     """python -m pytest ARGS in the clone with the plugin; (exit status, timed out)."""
     env = {**os.environ, "PYTHONPATH": f"{TREE}/implementations/pytorch:{TREE}"}
     env.pop("MUTANT_TEST", None)
+    shared = ROOT.parent / "shared" / "data"  # what the tests find beside the checkout
+    for name, path in (("WIKI_SAMPLE", shared / "wiki_sample"),
+                       ("BERTPERF_VOCAB", shared / "vocab" / "vocab.txt")):
+        if path.exists():
+            env.setdefault(name, str(path))
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "_mutant_plugin",
                              "-p", "no:cacheprovider", *args], cwd=TREE, env=env,
                             start_new_session=True)
