@@ -246,7 +246,7 @@ def probe(tests: list[str]) -> None:
     for t in tests.values():
         t["passed"] = t.pop("called") and not t.pop("failed")
     (STATE / "probe.json").write_text(json.dumps({
-        "head": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+        "head": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=TREE, text=True,
                                capture_output=True).stdout.strip(),
         "seconds": time.time() - started, "tiers": tiers, "tests": tests,
         "hits": {k: sorted(v) for k, v in hits.items()}}, indent=1))
@@ -307,7 +307,12 @@ def table() -> None:
         r = results.get(m.name)
         if r is None:
             continue
-        first = r["first"].split("::", 1)[1] if r["first"] else "**none: survives**"
+        if r["first"]:
+            first = r["first"].split("::", 1)[1]
+        elif r["timed_out"]:
+            first = f"none in its {r['seconds']:.0f} s (stopped: {r['ran']} tests had run)"
+        else:
+            first = "**none: survives**"
         where = r["first"].split("::")[0].removeprefix("tests/") if r["first"] else ""
         print(f"| {m.name} | {m.area} | {r['covering']['unit']} + {r['covering']['e2e']} | "
               f"{r['ran']}, {len(r['failed'])}{' (timed out)' if r['timed_out'] else ''} | "
