@@ -46,6 +46,18 @@ def test_never_worse_than_the_contiguous_split_on_many_batches():
         assert tokens.max() - tokens.min() <= lengths.max() - lengths.min()
 
 
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_deal_is_a_serpentine(world):
+    """Before any swap, the longest-first order is dealt 0..W-1 in even rounds and W-1..0 in odd
+    ones: evenly spaced lengths over an even number of rounds give every rank the same tokens."""
+    lengths = np.arange(4 * world, 0, -1)
+    dealt = place(lengths, world, max_swaps=0)
+    order = np.arange(4 * world).reshape(4, world)
+    want = np.stack([order[0], order[1, ::-1], order[2], order[3, ::-1]], axis=1)
+    assert np.array_equal(np.sort(dealt, axis=1), np.sort(want, axis=1))
+    assert len(set(loads(lengths, dealt)[0].tolist())) == 1
+
 def test_refinement_never_raises_the_token_maximum():
     lengths = mlperf_lengths(64 * 3, seed=11)
     dealt = loads(lengths, place(lengths, 64, max_swaps=0))[0]

@@ -56,6 +56,9 @@ def test_balance_only_moves_samples_within_a_global_batch(shards, world, b, drop
         for w, g in zip(want, got):
             assert [len(x) for x in g] == [len(x) for x in w]  # b samples a rank, fixed shapes
             assert sorted(sum(g, [])) == sorted(sum(w, []))  # the same global batch
+            stream = sum(w, [])  # the unbalanced ranks' parts in turn: the stream's order
+            for part in g:  # a rank's samples keep the stream's order
+                assert [stream.index(x) for x in part] == sorted(stream.index(x) for x in part)
         seen = [s for step in got for part in step for s in part]
         assert len(seen) == len(set(seen))  # every sample at most once per epoch ...
     assert len(seen) == (ds.num_samples // world // b * b if drop_last else

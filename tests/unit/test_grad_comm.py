@@ -79,19 +79,21 @@ def half_precision(mode: str, rank: int) -> None:
         _, exact, got = local_and_reduced(core, ddp, step, rank)
         rel = float((got - exact).norm() / exact.norm())
         assert 0 < rel <= bound, (mode, step, rel)
+        half = torch.bfloat16 if mode == "bf16" else torch.float16  # sent in it, cast back
+        assert torch.equal(got.to(half).float(), got), (mode, step)
     assert traffic.world == STEPS * numel * 2  # half of fp32's 4 bytes, exactly
 
 
-def expected_compressed_bytes(core: nn.Module) -> int:
+def expected_compressed_bytes(core: nn.Module, size: int = 4) -> int:
     """PowerSGD's payload of one compressed step (torch's rule: a tensor is compressed when
-    (n + m) r 2 < n m): P and Q of those, the rest whole, 4 bytes each."""
+    (n + m) r 2 < n m): P and Q of those, the rest whole, `size` bytes each."""
     total = 0
     for p in core.parameters():
         n = p.shape[0]
         m = p.numel() // n
         r = min(n, m, RANK)
         total += (n + m) * r if (n + m) * r * 2 < n * m else n * m
-    return total * 4
+    return total * size
 
 
 def powersgd(rank: int) -> None:
@@ -204,22 +206,24 @@ def localsgd(rank: int) -> None:
 
 def powersgd_buckets(rank: int) -> None:
     """Several DDP buckets: each compresses (two all-reduces issued from callbacks) in the same
-    order on every rank, for the bytes the rule gives."""
+    order on every rank, for the bytes the rule gives (2 an element with powersgd_bf16)."""
     from bertperf.train.comm import MODES, Traffic
-    torch.manual_seed(0)
-    core = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
-    ddp = DistributedDataParallel(core, bucket_cap_mb=0.3)
-    traffic = Traffic()
-    comm = MODES["powersgd"](SimpleNamespace(optim=SimpleNamespace(powersgd_rank=RANK)), traffic,
-                             START)
-    comm.install(ddp, list(core.parameters()))
-    for step in range(STEPS):
-        before = traffic.world
-        x = torch.randn(8, 256, generator=torch.Generator().manual_seed(step * 10 + rank))
-        ddp(x).square().mean().backward()
-        if step >= START:
-            assert traffic.world - before == expected_compressed_bytes(core)
-    assert len(comm.state.error_dict) >= 3  # buckets
+    for mode, size in (("powersgd", 4), ("powersgd_bf16", 2)):
+        torch.manual_seed(0)
+        core = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
+        ddp = DistributedDataParallel(core, bucket_cap_mb=0.3)
+        traffic = Traffic()
+        comm = MODES[mode](SimpleNamespace(optim=SimpleNamespace(powersgd_rank=RANK)), traffic,
+                           START)
+        comm.install(ddp, list(core.parameters()))
+        for step in range(STEPS):
+            before = traffic.world
+            x = torch.randn(8, 256, generator=torch.Generator().manual_seed(step * 10 + rank))
+            ddp(x).square().mean().backward()
+            if step >= START:
+                assert traffic.world - before == expected_compressed_bytes(core, size), mode
+        assert len(comm.state.error_dict) >= 3  # buckets
+        del ddp
 
 
 def worker(rank: int, store: Path, case: str) -> None:

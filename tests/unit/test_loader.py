@@ -77,6 +77,12 @@ def test_permutation_is_stable():
     assert permutation(0, 1).tolist() == [] and permutation(1, 1).tolist() == [0]
 
 
+
+def test_each_epoch_reads_the_shards_in_an_order_of_its_own():
+    counts = np.full(8, 10)
+    orders = {tuple(EpochPlan(counts, 11, epoch).shard_order.tolist()) for epoch in range(4)}
+    assert len(orders) == 4
+
 def test_reader_matches_read_shard(shards):
     full, _ = read_shard(shards[0])
     rows = np.array([5, 0, 39, 17, 17, 2])

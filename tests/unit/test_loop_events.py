@@ -70,6 +70,18 @@ def test_the_loop_tells_its_events_in_order(env, tmp_path):
             assert seen[i - 1][0] == "step_end"
 
 
+
+def test_the_evals_keep_their_grid_when_a_step_overshoots_it(env, tmp_path):
+    """EVAL_ITER_SAMPLES=20 with 8 samples a step: an eval at the first step at or past each
+    multiple of 20, not 20 samples after the last eval."""
+    from bertperf import config
+    from bertperf.train import loop
+    log = tmp_path / "log.txt"
+    settings = {k: v for k, v in env.items() if not k.startswith("LAYERWISE")}
+    assert loop.main(config.load({**settings, "EVAL_ITER_SAMPLES": "20",
+                                  "MLLOG_FILE": str(log)})) == 0
+    assert [samples for samples, _ in accuracies(log)] == [24, 40, 64, 80, 104, 120]
+
 def test_bench_layerwise_records_a_staged_run(env, tmp_path):
     from bertperf import config
     from bertperf.bench.layerwise import Recorder

@@ -125,12 +125,13 @@ exec "{python}" "{trainer}" "$@"
 """
 
 STUB_TRAINER = """# Stand-in trainer: prints how it was started and where bertperf.config puts it (rank, world,
-# local rank, CACHE_CLEAR) on stderr, which `--check >/dev/null` keeps; then writes the MLPerf log
-# and exits as STUB_TRAIN says: stop (init_start, run_start, run_stop; 0), killed (no run_stop;
-# 137), crash (run_stop aborted; 1), init (a fresh log that never reached run_start; 1) or fail
-# (no log; 1).
+# local rank, CACHE_CLEAR) and its SEED on stderr, which `--check >/dev/null` keeps; then, after
+# STUB_SECONDS, writes the MLPerf log and exits as STUB_TRAIN says: stop (init_start, run_start,
+# run_stop; 0), killed (no run_stop; 137), crash (run_stop aborted; 1), init (a fresh log that
+# never reached run_start; 1) or fail (no log; 1).
 import os
 import sys
+import time
 
 from bertperf.config import DistConfig
 
@@ -138,8 +139,10 @@ d = DistConfig.from_env(os.environ)
 args = " ".join(sys.argv[1:])
 print(f"RAN {args} | {d.rank} {d.world_size} {d.local_rank} {os.environ.get('CACHE_CLEAR', '-')}",
       file=sys.stderr)
+print(f"SEED {os.environ.get('SEED', '-')}", file=sys.stderr)
 if args.endswith("--check"):
     sys.exit(0)
+time.sleep(float(os.environ.get("STUB_SECONDS", "0")))
 how = os.environ["STUB_TRAIN"]
 keys = {"stop": 3, "killed": 2, "crash": 3, "init": 1, "fail": 0}[how]
 if keys:
@@ -220,6 +223,24 @@ def test_script_and_trainer_take_the_same_launchers_ranks(standins, tmp_path, co
     assert ("STARTING TIMING RUN" in run.stdout) == rank0
     assert ("RESULT,bert,7," in run.stdout) == rank0
 
+
+
+def test_a_seed_the_script_draws_reaches_the_trainer(standins, tmp_path):
+    env = {k: v for k, v in standins.items() if k != "SEED"}
+    run = run_and_time(env, tmp_path)
+    assert run.returncode == 0, run.stderr
+    drawn = next(line for line in run.stdout.splitlines() if line.startswith("RESULT,"))
+    seen = [line[5:] for line in run.stderr.splitlines() if line.startswith("SEED ")]
+    assert seen == [drawn.split(",")[2]] * 2  # train --check, then the run
+
+
+def test_the_result_line_gives_the_runs_seconds(standins, tmp_path):
+    start = time.time()
+    run = run_and_time({**standins, "STUB_SECONDS": "1.2"}, tmp_path)
+    took = time.time() - start
+    assert run.returncode == 0, run.stderr
+    result = next(line for line in run.stdout.splitlines() if line.startswith("RESULT,"))
+    assert 1 <= int(result.split(",")[3]) <= took + 1
 
 MODES = {
     "single process": {"DGXNGPU": "1"},
@@ -320,6 +341,15 @@ def test_run_and_time_stops_early_with_one_line(standins, tmp_path, change, mess
         assert len(lines) == 1  # the script's own line, or the rank reader's (bertperf rank)
         assert any(lines[0].startswith(f"{who}: error: {message}")
                    for who in ("run_and_time.sh", "bertperf"))
+
+
+def test_run_sub_without_nexp_is_one_line(tmp_path):
+    env = clean_env(DGXNNODES="1", DGXNGPU="8", DATADIR_PHASE2=str(tmp_path),
+                    EVAL_FILE=str(tmp_path / "eval.hdf5"), SLURM_JOB_ID="1", MASTER_ADDR="node0")
+    run = subprocess.run(["bash", str(ROOT / "run.sub")], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and len(run.stderr.splitlines()) == 1
+    assert "NEXP: set NEXP, the number of runs (10 for a BERT submission)" in run.stderr
 
 
 @pytest.mark.parametrize("var", ["NEXP", "DGXNNODES", "DGXNGPU"])

@@ -727,6 +727,29 @@ def test_setup_logs_hyperparameters_and_schedule(tmp_path):
     assert trainer.loader.position == 3 * 2 * 4 + 4  # and one micro-batch copied ahead
 
 
+
+def test_a_skipped_step_leaves_the_lr_schedule_where_it_was(tmp_path):
+    """A step whose gradient is not finite is skipped: no parameter moves and the schedule does
+    not count it, so the next step has the LR the skipped one had."""
+    from bertperf.config import load
+    from bertperf.mlperf.log import MLPerfLogger
+    from bertperf.optim import lr_at
+    from bertperf.train.checks import prepare
+    from bertperf.train.loop import read_inputs, setup, train_step
+    cfg = prepare(load(env_for(tmp_path, WARMUP_STEPS="5", PREFETCH="0")))
+    trainer = setup(read_inputs(cfg), MLPerfLogger(tmp_path / "log.txt", echo=False))
+    optimizer, core = trainer.plan.optimizer, trainer.plan.core
+    train_step(trainer, [next(trainer.batches)])
+    before = [p.detach().clone() for p in core.parameters()]
+    poison = next(core.parameters()).register_hook(lambda g: torch.full_like(g, float("nan")))
+    train_step(trainer, [next(trainer.batches)])
+    poison.remove()
+    assert all(torch.equal(a, p) for a, p in zip(before, core.parameters()))
+    assert trainer.scheduler.last_epoch == 1
+    assert float(optimizer.param_groups[0]["lr"]) == pytest.approx(lr_at(2, 0.01, 5, 50))
+    train_step(trainer, [next(trainer.batches)])
+    assert trainer.scheduler.last_epoch == 2
+
 def test_dist_config_launchers_and_loader_split(tmp_path):
     from bertperf.config import DistConfig, load
     from bertperf.errors import UserError
