@@ -34,10 +34,10 @@ STATE = ROOT / ".mutants"
 TREE = STATE / "tree"
 SET = Path(__file__).with_name("mutation_set.json")
 TORCH = re.compile(r"^import torch$", re.M)
-TIERS = {  # make test's two pytest runs, as the Makefile gives them
-    "unit": ["-n", "2", "--dist", "loadgroup", "tests/unit"],
-    "e2e": ["tests", "--ignore=tests/unit", "--ignore=tests/container"],
-}
+TIERS = dict(zip(("unit", "e2e"), (
+    re.search(rf"^{name} := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    for name in ("UNIT", "E2E"))))
+"""make test's two pytest runs: the Makefile's UNIT and E2E, read from it."""
 
 PROBE = '''"""Records which test executes which mutated line (tools/mutants.py probe)."""
 import os
