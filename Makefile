@@ -47,17 +47,25 @@ $(VENV)/.installed: pyproject.toml setup.py constraints/torch2.13.txt
 	$(call vocab,$(VENV))
 	touch $@
 
-# The unit tests on every core (pytest-xdist; a module's tests share a worker), then the
-# end-to-end ones one at a time (each starts several ranks itself); both always run.
-UNIT := -n auto --dist loadgroup tests/unit
+# The end-to-end tests one at a time (each starts several ranks itself, and they leave one of
+# the two cores idle a third of their time), and beside them the unit tests on one pytest-xdist
+# worker (a module's tests share it), whose report follows; both always run (docs/performance.md,
+# "Where make test's time goes"). $(call tiers,<pytest options>).
+UNIT := --dist loadgroup tests/unit
 E2E := tests --ignore=tests/unit --ignore=tests/container
+define tiers
+	@unit=$$(mktemp); trap 'rm -f "$$unit"' EXIT; \
+	  $(PY) -m pytest -q -n 1 $(1) $(UNIT) > "$$unit" 2>&1 & pid=$$!; \
+	  $(PY) -m pytest -q $(1) $(E2E); e2e=$$?; wait $$pid; unit=$$?; \
+	  echo "The unit tests, run beside the end-to-end tests:"; cat "$$unit"; \
+	  exit $$(( unit || e2e ))
+endef
+
 test: setup
-	$(PY) -m pytest -q --durations=5 $(UNIT); unit=$$?; \
-	  $(PY) -m pytest -q --durations=5 $(E2E); e2e=$$?; exit $$(( unit || e2e ))
+	$(call tiers,--durations=5)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" $(UNIT); unit=$$?; $(PY) -m pytest -q -m "not slow" $(E2E); \
-	  e2e=$$?; exit $$(( unit || e2e ))
+	$(call tiers,-m "not slow")
 
 # The unit tests on an older supported line (constraints/torch<line>.txt: 2.10 is NGC 25.12's line,
 # 2.11 the GPU machine's), in a venv of its own, .venv-torch<line>; needs the network: PyPI's torch
@@ -68,7 +76,7 @@ $(addprefix test-torch,$(COMPAT_LINES)): test-torch%:
 	.venv-torch$*/bin/python -m pip install -q --upgrade pip
 	.venv-torch$*/bin/python -m pip install -q -e '.[test]' -c constraints/torch$*.txt
 	$(call vocab,.venv-torch$*)
-	.venv-torch$*/bin/python -m pytest -q $(UNIT)
+	.venv-torch$*/bin/python -m pytest -q -n auto $(UNIT)
 
 # The image for real, with podman and runc (root): container/build.sh makes a Debian bookworm base
 # (debootstrap + podman import) and builds the Dockerfile on it with the CPU torch wheel (both

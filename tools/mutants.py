@@ -37,7 +37,9 @@ TORCH = re.compile(r"^import torch$", re.M)
 TIERS = dict(zip(("unit", "e2e"), (
     re.search(rf"^{name} := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
     for name in ("UNIT", "E2E"))))
-"""make test's two pytest runs: the Makefile's UNIT and E2E, read from it."""
+"""make test's two pytest runs: the Makefile's UNIT and E2E, read from it; the probe runs them
+one after the other, the unit tests on every core (-n auto)."""
+TIERS["unit"][:0] = ["-n", "auto"]
 
 PROBE = '''"""Records which test executes which mutated line (tools/mutants.py probe)."""
 import os

@@ -57,22 +57,34 @@ def test_text_parts_equal_reference(text):
     assert got == TEXT_MD5
 
 
+@pytest.fixture(scope="module")
+def create(text, vocab_file, tmp_path_factory):
+    """create(name, flags): `prep create`'s output for that text part, made once a module (the
+    eval part's is read by two tests)."""
+    made = {}
+
+    def run(name: str, flags: list[str]) -> Path:
+        key = (name, *flags)
+        if key not in made:
+            out = tmp_path_factory.mktemp("create") / "out.hdf5"
+            assert main(["prep", "create", "--input_file", str(text / name), "--output_file",
+                         str(out), "--vocab_file", str(vocab_file), *flags]) == 0
+            made[key] = out
+        return made[key]
+    return run
+
+
 @pytest.mark.parametrize("name,flags,samples,digest", CREATE,
                          ids=["part0-mlperf", "part1-mlperf", "eval-mlperf", "part0-defaults",
                               "part0-custom"])
-def test_create_equals_reference(text, vocab_file, tmp_path, name, flags, samples, digest):
-    out = tmp_path / "out.hdf5"
-    assert main(["prep", "create", "--input_file", str(text / name), "--output_file", str(out),
-                 "--vocab_file", str(vocab_file), *flags]) == 0
-    arrays = hdf5io.read_samples(out)
+def test_create_equals_reference(create, name, flags, samples, digest):
+    arrays = hdf5io.read_samples(create(name, flags))
     assert len(arrays["input_ids"]) == samples
     assert padded_digest(arrays) == digest
 
 
-def test_eval_pick_equals_reference(text, vocab_file, tmp_path):
-    assert main(["prep", "create", "--input_file", str(text / "eval.txt"), "--output_file",
-                 str(tmp_path / "all.hdf5"), "--vocab_file", str(vocab_file), *MLPERF]) == 0
-    assert main(["prep", "eval", "--input_file", str(tmp_path / "all.hdf5"), "--output_file",
+def test_eval_pick_equals_reference(create, tmp_path):
+    assert main(["prep", "eval", "--input_file", str(create("eval.txt", MLPERF)), "--output_file",
                  str(tmp_path / "eval100.hdf5"), "--num_examples_to_pick", "100"]) == 0
     assert padded_digest(hdf5io.read_samples(tmp_path / "eval100.hdf5")) == \
         "cebbe77cb7e052eb9aef9d768acfd315"
