@@ -54,10 +54,10 @@ $(VENV)/.installed: pyproject.toml setup.py constraints/torch2.13.txt
 UNIT := --dist loadgroup tests/unit
 E2E := tests --ignore=tests/unit --ignore=tests/container
 define tiers
-	@unit=$$(mktemp); trap 'rm -f "$$unit"' EXIT; \
-	  $(PY) -m pytest -q -n 1 $(1) $(UNIT) > "$$unit" 2>&1 & pid=$$!; \
+	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	  $(PY) -m pytest -q -n 1 $(1) $(UNIT) > "$$log" 2>&1 & pid=$$!; \
 	  $(PY) -m pytest -q $(1) $(E2E); e2e=$$?; wait $$pid; unit=$$?; \
-	  echo "The unit tests, run beside the end-to-end tests:"; cat "$$unit"; \
+	  echo "The unit tests, run beside the end-to-end tests:"; cat "$$log"; \
 	  exit $$(( unit || e2e ))
 endef
 

@@ -25,10 +25,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runs(demo_data, tmp_path_factory):
-    """run(name): that run, made the first time a test asks for it (one at a time: two runs of
-    two ranks at once on two cores took 1.2x their time one after the other); a process of
-    theirs left after they have ended is killed and fails the module (as tests/conftest.py's
-    no_process_outlives_its_test does a test's)."""
+    """run(name): that run, made the first time a test asks for it (one at a time, beside the
+    unit tests); a process of theirs left after they have ended is killed and fails the module
+    (as tests/conftest.py's no_process_outlives_its_test does a test's)."""
     tag = f"{os.getpid()}-convergence"
     started, finished = {}, {}
 
