@@ -34,12 +34,16 @@ STATE = ROOT / ".mutants"
 TREE = STATE / "tree"
 SET = Path(__file__).with_name("mutation_set.json")
 TORCH = re.compile(r"^import torch$", re.M)
-TIERS = dict(zip(("unit", "e2e"), (
-    re.search(rf"^{name} := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
-    for name in ("UNIT", "E2E"))))
-"""make test's two pytest runs: the Makefile's UNIT and E2E, read from it; the probe runs them
-one after the other, the unit tests on every core (-n auto)."""
-TIERS["unit"][:0] = ["-n", "auto"]
+
+
+def make_variable(name: str) -> list[str]:
+    """A `NAME := ...` line of the Makefile, as arguments."""
+    return re.search(rf"^{name} := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+
+
+TIERS = {"unit": ["-n", "auto", *make_variable("UNIT")], "e2e": make_variable("E2E")}
+"""make test's two pytest runs (the Makefile's UNIT and E2E), which the probe runs one after the
+other, the unit tests on every core."""
 
 PROBE = '''"""Records which test executes which mutated line (tools/mutants.py probe)."""
 import os

@@ -1,6 +1,6 @@
 """The demo's data for the tests that train on it: data_prep/prepare_demo.sh as `make demo` runs
 it (FOLDOC through the reference chain, 128-token samples), and its shards packed; and a demo run
-through run_and_time.sh to its target (the convergence tests, on the CPU and on a GPU)."""
+through run_and_time.sh to its target (the GPU convergence test)."""
 
 from __future__ import annotations
 
