@@ -39,7 +39,7 @@ COMMON = {
     "MAX_SAMPLES_TERMINATION": "38400", "DATA_VERIFY": "size", "OMP_NUM_THREADS": "1",
 }
 """What both runs set: the demo's model, LR schedule, seed and evals (config_CPU_1x2x32x1.sh), a
-loss at every step, the target 0.10 (about 10,400 samples, 2.5 minutes a run on 2 cores) with an
+loss at every step, the target 0.10 (about 10,400 samples, 2.5-3 minutes a run on 2 cores) with an
 eval every 800 samples from 9,600 (an eval of the 2,000 samples costs 6 s)."""
 
 
