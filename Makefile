@@ -90,7 +90,7 @@ container-image: export CONTAINERS_CONF ?= $(CURDIR)/container/containers.conf
 container-image: setup
 	CONT=$(CONT) PYTHON=$(PY) bash container/build.sh
 
-# The committed loss curves (tests/fixtures/loss_curve*.json: the convergence runs of tests/e2e/
+# The committed loss curves (tests/fixtures/loss_curve*.json, compared by tests/e2e/
 # test_train_convergence.py): rewrite them when a change is meant to move the numerics; say why.
 loss-curve: setup
 	test -f $(DEMO)/unpadded/MANIFEST.json || OUT_DIR=$(DEMO) PYTHON=$(PY) bash data_prep/prepare_demo.sh

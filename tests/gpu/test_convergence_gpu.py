@@ -2,7 +2,7 @@
 target: the demo's data and model (FOLDOC, config_CPU_1x2x32x1.sh's recipe, seed 1, target 0.13)
 on one CUDA device, 64 sequences a step (or 36 packed rows), an eval every 1,600 samples from
 9,600; the packed bf16 run reaches the target within 10 % of the samples of the varlen fp32 run.
-The CPU suite runs the same comparison to 0.10 with the packed run's precision chosen for the CPU
+The CPU suite compares packed and unpadded convergence on the copy task instead
 (tests/e2e/test_train_convergence.py). Part of `make gpu-check`. Skipped without CUDA."""
 
 from __future__ import annotations

@@ -41,26 +41,31 @@ def copy_task(n: int, seed: int) -> Samples:
                    offsets_from_lengths(np.full(n, MAX_PRED)), rng.integers(0, 2, n))
 
 
-def tiny_bert_config(path: Path, dropout: float = 0.0) -> Path:
+def tiny_bert_config(path: Path, dropout: float = 0.0, positions: int = MSL) -> Path:
     path.write_text(json.dumps({"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
                                 "num_attention_heads": 2, "intermediate_size": 64,
-                                "max_position_embeddings": MSL, "hidden_dropout_prob": dropout,
+                                "max_position_embeddings": positions,
+                                "hidden_dropout_prob": dropout,
                                 "attention_probs_dropout_prob": dropout}))
     return path
 
 
-def make_dataset(root: Path, n_train: int = 512, n_eval: int = 64, shards: int = 2) -> dict:
-    """Unpadded training shards, a padded eval file and a bert_config.json under root."""
+def make_dataset(root: Path, n_train: int = 512, n_eval: int = 64, shards: int = 2,
+                 msl: int = MSL) -> dict:
+    """Unpadded training shards, a padded eval file and a bert_config.json under root, the
+    files' max_seq_length `msl` (the position table's length; above MSL, packed_copy's rows
+    of that length hold several sequences)."""
     train = root / "train"
     train.mkdir(parents=True)
     s = copy_task(n_train, seed=1)
     per = n_train // shards
     for i in range(shards):
-        write_shard(train / f"part_{i}.h5", s.take(np.arange(i * per, (i + 1) * per)), MSL, MAX_PRED)
+        write_shard(train / f"part_{i}.h5", s.take(np.arange(i * per, (i + 1) * per)), msl,
+                    MAX_PRED)
     ev = copy_task(n_eval, seed=2)
-    write_samples(root / "eval.hdf5", ev, np.arange(n_eval), MSL, MAX_PRED, VOCAB)
+    write_samples(root / "eval.hdf5", ev, np.arange(n_eval), msl, MAX_PRED, VOCAB)
     return {"DATADIR_PHASE2": str(train), "EVAL_FILE": str(root / "eval.hdf5"),
-            "BERT_CONFIG": str(tiny_bert_config(root / "bert_config.json"))}
+            "BERT_CONFIG": str(tiny_bert_config(root / "bert_config.json", positions=msl))}
 
 
 def add_manifests(env: dict) -> dict:
@@ -79,15 +84,16 @@ def add_manifests(env: dict) -> dict:
     return env
 
 
-def packed_copy(env: dict, folder: Path) -> dict:
+def packed_copy(env: dict, folder: Path, row: int = MSL) -> dict:
     """env with DATADIR_PHASE2 = its training shards packed into `folder` (bench.loader's greedy
-    packing: up to 3 sequences per MSL-token row, in order)."""
+    packing: up to 3 sequences per `row`-token row, in order; a row longer than MSL holds
+    several of the copy task's sequences, whose positions the model's table must then reach)."""
     from bertperf.data.synthetic import synthetic_packed
     from bertperf.formats.packed import write_packed
     from bertperf.formats.unpadded import read_shard
     folder.mkdir(parents=True)
     for shard in sorted(Path(env["DATADIR_PHASE2"]).glob("*.h5")):
-        write_packed(folder / shard.name, synthetic_packed(read_shard(shard)[0], MSL), MSL,
+        write_packed(folder / shard.name, synthetic_packed(read_shard(shard)[0], row), row,
                      MAX_PRED, 3)
     return {**env, "DATADIR_PHASE2": str(folder)}
 
