@@ -47,25 +47,19 @@ $(VENV)/.installed: pyproject.toml setup.py constraints/torch2.13.txt
 	$(call vocab,$(VENV))
 	touch $@
 
-# The end-to-end tests one at a time (each starts several ranks itself, and they leave one of
-# the two cores idle a third of their time), and beside them the unit tests on one pytest-xdist
-# worker (a module's tests share it), whose report follows; both always run (docs/performance.md,
-# "Where make test's time goes"). $(call tiers,<pytest options>).
-UNIT := --dist loadgroup tests/unit
-E2E := tests --ignore=tests/unit --ignore=tests/container
-define tiers
-	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
-	  $(PY) -m pytest -q -n 1 $(1) $(UNIT) > "$$log" 2>&1 & pid=$$!; \
-	  $(PY) -m pytest -q $(1) $(E2E); e2e=$$?; wait $$pid; unit=$$?; \
-	  echo "The unit tests, run beside the end-to-end tests:"; cat "$$log"; \
-	  exit $$(( unit || e2e ))
-endef
+# All the tests in one pytest run on two pytest-xdist workers (CI's two cores): a module's tests
+# share a worker (--dist loadgroup), so its module fixtures are made once, and the next module
+# goes to whichever worker is free; the end-to-end modules, the longest, are collected first
+# (docs/performance.md, "Where make test's time goes"). tools/mutants.py reads UNIT and E2E.
+E2E := tests/e2e tests/gpu
+UNIT := tests/unit
+TESTS := -n 2 --dist loadgroup $(E2E) $(UNIT)
 
 test: setup
-	$(call tiers,--durations=5)
+	$(PY) -m pytest -q --durations=10 $(TESTS)
 
 test-fast: setup
-	$(call tiers,-m "not slow")
+	$(PY) -m pytest -q -m "not slow" $(TESTS)
 
 # The unit tests on an older supported line (constraints/torch<line>.txt: 2.10 is NGC 25.12's line,
 # 2.11 the GPU machine's), in a venv of its own, .venv-torch<line>; needs the network: PyPI's torch
@@ -76,7 +70,7 @@ $(addprefix test-torch,$(COMPAT_LINES)): test-torch%:
 	.venv-torch$*/bin/python -m pip install -q --upgrade pip
 	.venv-torch$*/bin/python -m pip install -q -e '.[test]' -c constraints/torch$*.txt
 	$(call vocab,.venv-torch$*)
-	.venv-torch$*/bin/python -m pytest -q -n auto $(UNIT)
+	.venv-torch$*/bin/python -m pytest -q -n auto --dist loadgroup $(UNIT)
 
 # The image for real, with podman and runc (root): container/build.sh makes a Debian bookworm base
 # (debootstrap + podman import) and builds the Dockerfile on it with the CPU torch wheel (both

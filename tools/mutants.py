@@ -41,9 +41,11 @@ def make_variable(name: str) -> list[str]:
     return re.search(rf"^{name} := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
 
 
-TIERS = {"unit": ["-n", "auto", *make_variable("UNIT")], "e2e": make_variable("E2E")}
-"""make test's two pytest runs (the Makefile's UNIT and E2E), which the probe runs one after the
-other, the unit tests on every core."""
+TIERS = {"unit": ["-n", "auto", "--dist", "loadgroup", *make_variable("UNIT")],
+         "e2e": make_variable("E2E")}
+"""make test's tests (the Makefile's UNIT and E2E) as the probe runs them, one after the other:
+the unit tests on every core, the end-to-end tests one at a time (a line a Slurm job or a
+namespace's daemon executes is credited to the test that ran last)."""
 
 PROBE = '''"""Records which test executes which mutated line (tools/mutants.py probe)."""
 import os
