@@ -51,12 +51,12 @@ $(VENV)/.installed: pyproject.toml setup.py constraints/torch2.13.txt
 	touch $@
 
 # All the tests in one pytest run on two pytest-xdist workers (CI's two cores): a module's tests
-# share a worker (--dist loadgroup), so its module fixtures are made once, and the next module
+# share a worker (--dist loadfile), so its module fixtures are made once, and the next module
 # goes to whichever worker is free; the end-to-end modules, the longest, are collected first
 # (docs/performance.md, "Where make test's time goes"). tools/mutants.py reads UNIT and E2E.
 E2E := tests/e2e tests/gpu
 UNIT := tests/unit
-TESTS := -n 2 --dist loadgroup $(E2E) $(UNIT)
+TESTS := -n 2 --dist loadfile $(E2E) $(UNIT)
 
 test: setup
 	$(PY) -m pytest -q --durations=10 $(TESTS)
@@ -73,7 +73,7 @@ $(addprefix test-torch,$(COMPAT_LINES)): test-torch%:
 	.venv-torch$*/bin/python -m pip install -q --upgrade pip
 	.venv-torch$*/bin/python -m pip install -q -e '.[test]' -c constraints/torch$*.txt
 	$(call vocab,.venv-torch$*)
-	.venv-torch$*/bin/python -m pytest -q -n auto --dist loadgroup $(UNIT)
+	.venv-torch$*/bin/python -m pytest -q -n auto --dist loadfile $(UNIT)
 
 # The image for real, with podman and runc (root): container/build.sh makes a Debian bookworm base
 # (debootstrap + podman import) and builds the Dockerfile on it with the CPU torch wheel (both

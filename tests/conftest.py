@@ -34,13 +34,6 @@ def pytest_configure(config):
         os.environ["BERTPERF_VOCAB"] = str(developers_vocab)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n N --dist loadgroup` (make test's unit tests) a module's tests share a
-    worker, so its module fixtures are made once."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Keep each phase's report on the test item (no_process_outlives_its_test reads it)."""

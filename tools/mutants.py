@@ -41,7 +41,7 @@ def make_variable(name: str) -> list[str]:
     return re.search(rf"^{name} := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
 
 
-TIERS = {"unit": ["-n", "auto", "--dist", "loadgroup", *make_variable("UNIT")],
+TIERS = {"unit": ["-n", "auto", "--dist", "loadfile", *make_variable("UNIT")],
          "e2e": make_variable("E2E")}
 """make test's tests (the Makefile's UNIT and E2E) as the probe runs them, one after the other:
 the unit tests on every core, the end-to-end tests one at a time (a line a Slurm job or a

@@ -15,7 +15,6 @@ from bertperf.perfmodel import cluster, plan, results, scale, validate
 
 from tests.support.paths import ROOT
 
-pytestmark = pytest.mark.xdist_group("model_cluster")  # the fits are cached per worker
 
 DGX_A100 = cluster.FABRICS["dgx-a100"]
 NO_OVERHEADS = cluster.Overheads(0.0, 0.0, 0.0)
