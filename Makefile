@@ -52,11 +52,13 @@ $(VENV)/.installed: pyproject.toml setup.py constraints/torch2.13.txt
 
 # All the tests in one pytest run on two pytest-xdist workers (CI's two cores): a module's tests
 # share a worker (--dist loadfile), so its module fixtures are made once, and the next module
-# goes to whichever worker is free; the end-to-end modules, the longest, are collected first
-# (docs/performance.md, "Where make test's time goes"). tools/mutants.py reads UNIT and E2E.
+# goes to whichever worker is free, in the order given (--no-loadscope-reorder: not the most
+# tests first), so the end-to-end modules, the longest, start first and the many short unit
+# modules fill the end (docs/performance.md, "Where make test's time goes"). tools/mutants.py
+# reads UNIT and E2E.
 E2E := tests/e2e tests/gpu
 UNIT := tests/unit
-TESTS := -n 2 --dist loadfile $(E2E) $(UNIT)
+TESTS := -n 2 --dist loadfile --no-loadscope-reorder $(E2E) $(UNIT)
 
 test: setup
 	$(PY) -m pytest -q --durations=10 $(TESTS)
