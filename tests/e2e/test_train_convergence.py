@@ -16,8 +16,6 @@ runs are tagged with the module's process tag and reaped when the module ends.""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -25,8 +23,7 @@ from bertperf import reaper as bertperf_reaper
 from tests.support import loss_curve, reaper
 from tests.support.copy_task import make_dataset, packed_copy
 from tests.support.mlperf_logs import events
-from tests.support.paths import PYTHONPATH
-from tests.support.runs import RANK_VARS
+from tests.support.runs import train
 
 pytestmark = pytest.mark.slow
 
@@ -34,33 +31,27 @@ ROW = 32
 """The copy task's files and packed rows: 32 tokens, two or three sequences of 10 to 16."""
 
 
-def samples_to_target(env: dict, out) -> tuple[int, list]:
-    """One rank of the copy task to 0.720 (16 sequences a step, LR 0.02, an eval every 320
-    samples, at most 8,000): the samples of its last eval, or None if it stopped short."""
-    out.mkdir()
-    full = {**{k: v for k, v in os.environ.items() if k not in RANK_VARS}, **env,
-            "PYTHONPATH": PYTHONPATH, "LR": "0.02", "MAX_STEPS": "600", "SEED": "0",
-            "EVAL_ITER_SAMPLES": "320", "MAX_SAMPLES_TERMINATION": "8000", "LOG_FREQ": "50",
-            "SUBMISSION_DIVISION": "open", "MASKED_LM_PROB": "0.4", "OMP_NUM_THREADS": "1",
-            "MLLOG_FILE": str(out / "result_0.txt"), "LOGDIR": str(out)}
-    run = subprocess.run([sys.executable, "-m", "bertperf", "train"], env=full, cwd=out,
-                         capture_output=True, text=True, timeout=300)
+def samples_to_target(data: dict, out, **env: str) -> tuple[int, list]:
+    """One rank of the copy task to 0.720 (runs.train's recipe: 16 sequences a step, LR 0.02,
+    an eval every 320 samples; at most 8,000): the samples of its last eval, or None if it
+    stopped short."""
+    run, log = train(out, data, MAX_SAMPLES_TERMINATION="8000", SUBMISSION_DIVISION="open",
+                     MASKED_LM_PROB="0.4", OMP_NUM_THREADS="1", **env)
     assert run.returncode == 0, run.stderr[-3000:]
-    log = events(out / "result_0.txt")
-    evals = [(e["metadata"]["epoch_num"], round(e["value"], 3)) for e in log
+    evals = [(e["metadata"]["epoch_num"], round(e["value"], 3)) for e in events(log)
              if e["key"] == "eval_accuracy"]
-    success = next(e["metadata"]["status"] for e in log if e["key"] == "run_stop") == "success"
-    return (evals[-1][0] if success else None), evals
+    success = next(e["metadata"]["status"] for e in events(log) if e["key"] == "run_stop")
+    return (evals[-1][0] if success == "success" else None), evals
 
 
 def test_packed_rows_reach_the_target_within_20_percent_of_the_samples(tmp_path):
     """MASKED_LM_PROB 0.4 gives a packed row room for its sequences' masks (4 of 10 to 16
     tokens); the unpadded run does not read it."""
     data = make_dataset(tmp_path / "data", msl=ROW)
-    varlen, varlen_evals = samples_to_target({**data, "BATCHSIZE": "16"}, tmp_path / "varlen")
-    packed, packed_evals = samples_to_target(
-        {**packed_copy(data, tmp_path / "packed", row=ROW), "BATCHSIZE": "7",
-         "PACKING_FACTOR": "2.3"}, tmp_path / "packed_run")
+    varlen, varlen_evals = samples_to_target(data, tmp_path / "varlen")
+    packed, packed_evals = samples_to_target(packed_copy(data, tmp_path / "packed", row=ROW),
+                                             tmp_path / "packed_run", BATCHSIZE="7",
+                                             PACKING_FACTOR="2.3")
     print(f"to 0.720: unpadded {varlen} samples {varlen_evals}, packed {packed} {packed_evals}")
     assert varlen is not None and packed is not None and packed <= 1.2 * varlen
 

@@ -26,9 +26,12 @@ RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
 """What would make a child of the test process take itself for a rank of some job."""
 
 
-def train(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """One rank on a fresh copy task under tmp_path, `env` on top: (the run, its MLPerf log)."""
-    data = make_dataset(tmp_path / "data")
+def train(tmp_path: Path, data: dict | None = None, **env: str
+          ) -> tuple[subprocess.CompletedProcess, Path]:
+    """One rank on `data` (make_dataset's; default a fresh copy task under tmp_path), `env` on
+    top, in tmp_path: (the run, its MLPerf log)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = data or make_dataset(tmp_path / "data")
     log = tmp_path / "result_0.txt"
     full = {**{k: v for k, v in os.environ.items()
                if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")},
