@@ -25,7 +25,11 @@ def pytest_configure(config):
     interpreted, and torch imports it early (torch._dynamo). The CPU tests interpret the kernels
     (tests/unit/test_triton_kernels.py), so the choice is made here, before any test module
     loads, for every run but one of tests/gpu alone (`make gpu-check`), which needs them compiled.
-    The developers' vocab beside the checkout is $BERTPERF_VOCAB where that is unset."""
+    The developers' vocab beside the checkout is $BERTPERF_VOCAB where that is unset.
+    OMP_NUM_THREADS is 1 where unset, for every test process and what it starts: `make test`
+    runs a worker a core, and a tiny model's CPU step on two threads beside a busy core takes
+    twice the CPU time of one thread's (docs/performance.md, "Where make test's time goes")."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
     if not paths or not all(path.is_relative_to(GPU_TESTS) for path in paths):
         os.environ.setdefault("TRITON_INTERPRET", "1")
