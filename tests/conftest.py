@@ -107,17 +107,6 @@ def triton_path(triton_interpreter):
 
 
 @pytest.fixture(scope="session")
-def cpu_emulates_bf16() -> bool:
-    """Whether this CPU's bf16 matmuls are emulated (no AVX-512 BF16 or AMX: 60x slower than
-    fp32 on the 2-core AVX2 EPYC), measured as the trainer's warning measures it; tests that
-    would train in bf16 take fp32 there."""
-    import torch
-
-    from bertperf.train.checks import SLOW_PRECISION, matmul_slowdown
-    return matmul_slowdown(torch.bfloat16) > SLOW_PRECISION
-
-
-@pytest.fixture(scope="session")
 def vocab_file() -> Path:
     from bertperf.errors import UserError
     from bertperf.resources import find_vocab

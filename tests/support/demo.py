@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.support.mlperf_logs import events
 from tests.support.paths import PYTHONPATH, ROOT
@@ -36,14 +37,16 @@ def prepare_demo(out: Path) -> subprocess.CompletedProcess:
 
 
 def pack(demo: Path) -> Path:
-    """The demo's unpadded shards packed into 128-token rows, in demo/packed (made once)."""
-    if not (demo / "packed" / "MANIFEST.json").is_file():
-        run = subprocess.run([sys.executable, "-m", "bertperf", "prep", "pack", "--input",
-                              str(demo / "unpadded"), "--output", str(demo / "packed"),
-                              "--max_seq_length", "128"],
-                             env={**os.environ, "PYTHONPATH": PYTHONPATH}, capture_output=True,
-                             text=True)
-        assert run.returncode == 0, run.stderr[-3000:]
+    """The demo's unpadded shards packed into 128-token rows, in demo/packed (made once, by
+    whichever worker asks first)."""
+    with FileLock(f"{demo / 'packed'}.lock"):
+        if not (demo / "packed" / "MANIFEST.json").is_file():
+            run = subprocess.run([sys.executable, "-m", "bertperf", "prep", "pack", "--input",
+                                  str(demo / "unpadded"), "--output", str(demo / "packed"),
+                                  "--max_seq_length", "128"],
+                                 env={**os.environ, "PYTHONPATH": PYTHONPATH},
+                                 capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr[-3000:]
     return demo / "packed"
 
 
