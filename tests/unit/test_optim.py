@@ -575,3 +575,27 @@ def test_no_warnings_from_scheduler_construction():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LinearWarmupPolyDecay(opt, warmup_steps=10, total_steps=100, start_warmup_step=-5)
+
+
+def test_the_optimizers_do_not_import_dynamo():
+    """Lamb, FlatLamb and ShardedLamb built, stepped, zeroed, saved and loaded in a fresh process
+    leave torch._dynamo unimported: torch.optim's wrappers would import it (2 CPU-seconds of a
+    short run's start-up) though nothing compiles an optimizer."""
+    import subprocess
+    import sys
+    code = """
+import sys, torch
+from bertperf.optim import FlatLamb, Lamb
+from bertperf.optim.sharded_lamb import ShardedLamb
+for cls in (Lamb, FlatLamb, ShardedLamb):
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = cls([{"params": [w], "weight_decay": 0.01}], lr=0.1)
+    w.grad = torch.ones(4)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    opt.load_state_dict(opt.state_dict())
+print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]", run.stdout

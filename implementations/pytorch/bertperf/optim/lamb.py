@@ -23,6 +23,12 @@ import torch
 from torch import Tensor
 
 
+def _undecorated(fn: Callable) -> Callable:
+    """A torch.optim.Optimizer method without its torch._disable_dynamo wrapper (the same function
+    where a torch line does not wrap it)."""
+    return getattr(fn, "__wrapped__", fn)
+
+
 def _row_blocks(t: Tensor, n: int) -> tuple[Tensor, ...]:
     """t as n equal blocks along dim 0 (views of t; an error when its rows do not split)."""
     return t.unflatten(0, (n, -1)).unbind(0) if n != 1 else (t,)
@@ -90,6 +96,14 @@ class Lamb(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         self.ratios_on_host = bool(ratios_on_host)
+
+    # torch.optim.Optimizer wraps these in torch._disable_dynamo, whose first call imports
+    # torch._dynamo (2 CPU-seconds, most of a short run's start-up) though nothing compiles them:
+    # the trainer compiles the model's forward and loss, never the optimizer (docs/design.md).
+    add_param_group = _undecorated(torch.optim.Optimizer.add_param_group)
+    zero_grad = _undecorated(torch.optim.Optimizer.zero_grad)
+    state_dict = _undecorated(torch.optim.Optimizer.state_dict)
+    load_state_dict = _undecorated(torch.optim.Optimizer.load_state_dict)
 
     @staticmethod
     def adapts(group: dict[str, Any]) -> bool:

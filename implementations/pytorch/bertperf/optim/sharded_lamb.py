@@ -20,6 +20,7 @@ from torch import Tensor
 
 from bertperf.kernels.lamb import _coefficients
 from bertperf.optim.flat_lamb import FlatLamb
+from bertperf.optim.lamb import Lamb
 
 
 # torch 2.13 renamed reduce_scatter_tensor and all_gather_into_tensor (the older names warn)
@@ -180,7 +181,7 @@ class ShardedLamb(FlatLamb):
     def state_dict(self) -> dict[str, Any]:
         """Lamb's format with whole tensors (the moments all-gathered: a collective, every
         rank calls it; module docstring)."""
-        state = torch.optim.Optimizer.state_dict(self)
+        state = Lamb.state_dict(self)
         m, v = self._gathered(self._exp_avg), self._gathered(self._exp_avg_sq)
         state["state"] = {i: {"exp_avg": a, "exp_avg_sq": b}
                           for i, (a, b) in enumerate(zip(self._views(m), self._views(v)))}
@@ -190,7 +191,7 @@ class ShardedLamb(FlatLamb):
         """Load Lamb's, FlatLamb's or ShardedLamb's state_dict, written at any world size: the
         groups' hyper-parameters and step counts, and this rank's shard of the moments (zeros
         for a parameter without state: Lamb makes them at its first step)."""
-        torch.optim.Optimizer.load_state_dict(self, state_dict)
+        Lamb.load_state_dict(self, state_dict)
         start = 0
         for p in self._params:
             a, b = max(start, self._shard.start), min(start + p.numel(), self._shard.stop)
