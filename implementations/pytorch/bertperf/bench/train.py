@@ -245,17 +245,12 @@ def hf_row(bench: Bench, precision: str) -> Trainee:
     import transformers
 
     from bertperf.model import to_hf_state_dict
+    from bertperf.model.hf import hf_config
     from bertperf.optim import clipped_step, make_optimizer, param_groups
 
     c = bench.config
-    model = transformers.BertForPreTraining(transformers.BertConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads, intermediate_size=c.intermediate_size,
-        hidden_act=c.hidden_act, hidden_dropout_prob=c.hidden_dropout_prob,
-        attention_probs_dropout_prob=c.attention_probs_dropout_prob,
-        max_position_embeddings=c.max_position_embeddings, type_vocab_size=c.type_vocab_size,
-        layer_norm_eps=c.layer_norm_eps, initializer_range=c.initializer_range,
-        attn_implementation="sdpa"))
+    model = transformers.BertForPreTraining(transformers.BertConfig.from_dict(
+        hf_config(c), attn_implementation="sdpa"))
     model.load_state_dict(to_hf_state_dict(bench.initial, c), strict=True)
     batches, digests = [], []
     for step in bench.steps:

@@ -9,6 +9,20 @@ from pathlib import Path
 from bertperf.errors import UserError
 
 
+ENCODER_LAYER = "bert.encoder.layer."
+"""The start of the names of encoder layer i's parameters in BertForPreTraining's state dict:
+ENCODER_LAYER, i, a dot, the rest."""
+
+
+def layer_part(name: str) -> tuple[int, str] | None:
+    """(the encoder layer, the rest of the name) of a BertForPreTraining parameter's name; None
+    for one outside the encoder's layers."""
+    if not name.startswith(ENCODER_LAYER):
+        return None
+    index, rest = name[len(ENCODER_LAYER):].split(".", 1)
+    return int(index), rest
+
+
 NAMED: dict[str, dict[str, int]] = {
     "large": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
                   num_attention_heads=16, intermediate_size=4096),

@@ -3,7 +3,8 @@
 its state sharded over the ranks (`ShardedLamb`, ZeRO-1), built by name (`make_optimizer`;
 `use_flat_lamb` picks between the first two, `mlperf_hparams` gives the log keys); the parameter
 groups (`param_groups`: bias and LayerNorm without decay or trust ratio); NVIDIA's LR schedule on
-the device (`LinearWarmupPolyDecay`, `lr_at`); global-norm clipping, fp16 loss scaling and the
+the device (`LinearWarmupPolyDecay`, `lr_at`; a run's from its settings: `run_schedule`,
+`warmup_end`); global-norm clipping, fp16 loss scaling and the
 step skipped on a non-finite norm (`clipped_step`, `DynamicLossScaler`; what it asks of the
 optimizer: `ClippedOptimizer`), or clipping per DDP bucket before the all-reduce
 (`bucket_clip`). A step, after the trainer has accumulated its micro-batches into the
@@ -19,7 +20,8 @@ from bertperf.optim.factory import make_optimizer, mlperf_hparams, use_flat_lamb
 from bertperf.optim.flat_lamb import FlatLamb
 from bertperf.optim.groups import NO_DECAY_PATTERNS, is_no_decay, param_groups
 from bertperf.optim.lamb import Lamb
-from bertperf.optim.schedule import LinearWarmupPolyDecay, lr_at, resolve_warmup, tf_reference_lr_at
+from bertperf.optim.schedule import (LinearWarmupPolyDecay, lr_at, resolve_warmup, run_schedule,
+                                    tf_reference_lr_at, warmup_end)
 from bertperf.optim.sharded_lamb import ShardedLamb
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "mlperf_hparams",
     "param_groups",
     "resolve_warmup",
+    "run_schedule",
     "tf_reference_lr_at",
     "use_flat_lamb",
+    "warmup_end",
 ]

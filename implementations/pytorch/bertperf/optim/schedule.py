@@ -2,8 +2,10 @@
 linear warm-up, then polynomial decay to end_lr measured from step 0 (`lr_at`; docs/design.md,
 "The optimizer against its sources", states the formula and how it differs from the TF
 reference's, `tf_reference_lr_at`); `resolve_warmup` derives (warmup, start) as NVIDIA's trainer
-does. LinearWarmupPolyDecay follows torch's convention, not NVIDIA's call order: construct it
-(the first step's LR is set then) and call `step(ok)` after every optimizer step; a skipped step
+does. A run's schedule from its settings is `run_schedule`, the step its warm-up ends
+`warmup_end`: the trainer, its layerwise stages and GRAD_COMM's start read them.
+LinearWarmupPolyDecay follows torch's convention, not NVIDIA's call order: construct it (the
+first step's LR is set then) and call `step(ok)` after every optimizer step; a skipped step
 does not count. Its completed-step count k lives on the device, and each group's "lr" is a 0-d
 float64 tensor there, rewritten in place with lr_at(k + 1) by device ops: no host sync,
 capturable in a CUDA graph. `last_epoch` reads k."""
@@ -76,6 +78,26 @@ def resolve_warmup(warmup_steps: float, start_warmup_step: float, max_steps: int
     if float(warmup_steps) == 0.0:
         return int(max_steps * warmup_proportion), 0
     return as_int(warmup_steps, "warmup_steps"), as_int(start_warmup_step, "start_warmup_step")
+
+
+def warmup_end(o: Any) -> int:
+    """The optimizer step at which the LR warm-up of a run with these optimizer settings
+    (config.OptimConfig) ends: WARMUP_STEPS + START_WARMUP_STEP, or MAX_STEPS x
+    WARMUP_PROPORTION."""
+    warmup, start = resolve_warmup(o.warmup_steps, o.start_warmup_step, o.max_steps,
+                                   o.warmup_proportion)
+    return max(0, warmup + start)
+
+
+def run_schedule(optimizer: torch.optim.Optimizer, o: Any,
+                 total_steps: int | None = None) -> LinearWarmupPolyDecay:
+    """The LR schedule of a run with these optimizer settings (config.OptimConfig), its decay
+    over `total_steps` (default MAX_STEPS; a layerwise stage that restarts the schedule: the
+    steps left)."""
+    warmup, start = resolve_warmup(o.warmup_steps, o.start_warmup_step, o.max_steps,
+                                   o.warmup_proportion)
+    return LinearWarmupPolyDecay(optimizer, warmup,
+                                 o.max_steps if total_steps is None else total_steps, start)
 
 
 class LinearWarmupPolyDecay:

@@ -23,7 +23,7 @@ from bertperf.kernels import backend
 from bertperf.mlperf.rcp import check_global_batch
 from bertperf.model import BertForPreTraining, fp8
 from bertperf.model.bert_config import BertConfig
-from bertperf.optim import use_flat_lamb
+from bertperf.optim import use_flat_lamb, warmup_end
 from bertperf.train import comm, layout
 
 SETTINGS, DATA, MACHINE = "settings", "data", "machine"
@@ -80,7 +80,7 @@ class Facts:
 
     @cached_property
     def warmup_end(self) -> int:
-        return comm.warmup_end(self.cfg)
+        return warmup_end(self.cfg.optim)
 
     @cached_property
     def comm_start(self) -> int:

@@ -24,7 +24,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (Post
                                                                             post_localSGD_hook)
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from bertperf.optim import resolve_warmup
+from bertperf.optim import warmup_end
 
 
 @dataclass
@@ -47,22 +47,13 @@ def grad_bytes(params: list[torch.nn.Parameter]) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def warmup_end(cfg: Any) -> int:
-    """The optimizer step at which the LR warm-up ends (WARMUP_STEPS + START_WARMUP_STEP, or
-    MAX_STEPS x WARMUP_PROPORTION): where GRAD_COMM's methods start by default."""
-    o = cfg.optim
-    warmup, start = resolve_warmup(o.warmup_steps, o.start_warmup_step, o.max_steps,
-                                   o.warmup_proportion)
-    return max(0, warmup + start)
-
-
 def comm_start(cfg: Any) -> int:
     """The step from which GRAD_COMM's method runs: POWERSGD_START (default: the end of the LR
     warm-up, at least 2) or LOCALSGD_START (default: the end of the LR warm-up)."""
     o = cfg.optim
     if o.grad_comm.startswith("powersgd"):
-        return o.powersgd_start if o.powersgd_start is not None else max(2, warmup_end(cfg))
-    return o.localsgd_start if o.localsgd_start is not None else warmup_end(cfg)
+        return o.powersgd_start if o.powersgd_start is not None else max(2, warmup_end(o))
+    return o.localsgd_start if o.localsgd_start is not None else warmup_end(o)
 
 
 class Comm:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import re
 import shutil
 import time
 from dataclasses import fields, replace
@@ -35,7 +34,6 @@ if TYPE_CHECKING:  # the model package imports torch
 
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                   "cls_token": "[CLS]", "mask_token": "[MASK]"}
-LAYER = re.compile(r"^bert\.encoder\.layer\.(\d+)\.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -145,14 +143,14 @@ def newest_that_reads(candidates: list[Path]) -> tuple[Path, dict[str, Any], lis
 def run_model(state: dict[str, Any], path: Path) -> tuple[BertConfig, dict[str, Any]]:
     """(the BertConfig of the model in checkpoint `state`, the run's curve settings), from its
     fingerprint. A LAYERWISE checkpoint holds the layers of its stage: the config has as many."""
-    from bertperf.model.bert_config import BertConfig
+    from bertperf.model.bert_config import BertConfig, layer_part
     saved = state.get("config")
     if not isinstance(saved, dict) or "model.vocab_size" not in saved:
         raise UserError(f"checkpoint {path}: has no model config (not a training checkpoint?)")
     names = {f.name for f in fields(BertConfig)}
     bert = BertConfig(**{k[len("model."):]: v for k, v in saved.items()
                          if k.startswith("model.") and k[len("model."):] in names})
-    layers = {int(m.group(1)) for name in state["model"] if (m := LAYER.match(name))}
+    layers = {part[0] for name in state["model"] if (part := layer_part(name))}
     if layers and len(layers) < bert.num_hidden_layers:
         bert = replace(bert, num_hidden_layers=len(layers))
     return bert, {**config.fingerprint_defaults(), **saved}

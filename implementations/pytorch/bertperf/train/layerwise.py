@@ -35,14 +35,11 @@ from torch import nn
 from bertperf.config import RunConfig, layerwise_stages
 from bertperf.mlperf.log import MLPerfLogger
 from bertperf.model import BertForPreTraining
-from bertperf.optim import DynamicLossScaler, LinearWarmupPolyDecay, resolve_warmup
+from bertperf.model.bert_config import ENCODER_LAYER, layer_part
+from bertperf.optim import DynamicLossScaler, LinearWarmupPolyDecay, run_schedule, warmup_end
 from bertperf.train.checkpoint import Progress
-from bertperf.train.comm import warmup_end
 from bertperf.train.dist import Dist
 from bertperf.train.parallel import Plan, parallelize
-
-LAYER = "bert.encoder.layer."
-
 
 @dataclass(frozen=True)
 class Stage:
@@ -77,7 +74,7 @@ def warnings(cfg: RunConfig, batch: int) -> list[str]:
     LR (at the start of training, often before they learnt anything)."""
     if cfg.layerwise.layerwise is None:
         return []
-    end, before = warmup_end(cfg), 0
+    end, before = warmup_end(cfg.optim), 0
     stages = layerwise_stages(cfg.layerwise.layerwise)
     trains = [mode or cfg.layerwise.layerwise_train for _, _, mode in stages[1:]]
     if cfg.layerwise.layerwise_embeddings == "frozen" and "new" not in trains:
@@ -257,12 +254,9 @@ class Stages:
         """The stage's LR schedule: the run's going on (continue), or warm-up again from the
         stage's first step and the decay over the steps left (restart)."""
         o = self.cfg.optim
-        warmup, start = resolve_warmup(o.warmup_steps, o.start_warmup_step, o.max_steps,
-                                       o.warmup_proportion)
         if self.cfg.layerwise.layerwise_schedule == "restart":
-            return LinearWarmupPolyDecay(optimizer, warmup, o.max_steps - self.began_at_step,
-                                         start)
-        new = LinearWarmupPolyDecay(optimizer, warmup, o.max_steps, start)
+            return run_schedule(optimizer, o, o.max_steps - self.began_at_step)
+        new = run_schedule(optimizer, o)
         new.load_state_dict(old.state_dict())
         return new
 
@@ -285,11 +279,9 @@ def carried_moments(saved: dict[str, Any], optimizer: torch.optim.Optimizer,
         if step is not None:
             group["step"] = step
         for index, name in zip(group["params"], group["param_names"]):
-            source = name
-            if name.startswith(LAYER):
-                j, rest = name[len(LAYER):].split(".", 1)
-                if int(j) in sources:
-                    source = f"{LAYER}{sources[int(j)]}.{rest}"
+            part = layer_part(name)
+            source = f"{ENCODER_LAYER}{sources[part[0]]}.{part[1]}" \
+                if part and part[0] in sources else name
             if source in by_name:
                 state["state"][index] = {k: v.clone() for k, v in by_name[source].items()}
     return state

@@ -34,7 +34,7 @@ from bertperf.mlperf.log import Blocks, MLPerfLogger
 from bertperf.mlperf.plot import TRAIN_LOSS, plot_log
 from bertperf.model import BatchCounts, BertConfig, BertForPreTraining
 from bertperf.optim import (DynamicLossScaler, LinearWarmupPolyDecay, clipped_step, mlperf_hparams,
-                            resolve_warmup)
+                            run_schedule)
 from bertperf.train import checkpoint, layerwise, preflight, warmstart
 from bertperf.train import dist as distributed
 from bertperf.train.checks import check_run, on_cpu, prepare, run_warnings
@@ -247,10 +247,7 @@ def build_step(cfg: RunConfig, dist: distributed.Dist, device: torch.device,
     scaler = DynamicLossScaler(init_scale=opt.init_loss_scale, device=device) \
         if cfg.train.precision == "fp16" else None
     plan = parallelize(core, cfg, dist, device, scaler, kernels=kernels)
-    warmup, start = resolve_warmup(opt.warmup_steps, opt.start_warmup_step, opt.max_steps,
-                                   opt.warmup_proportion)
-    scheduler = LinearWarmupPolyDecay(plan.optimizer, warmup, opt.max_steps, start)
-    return Step(cfg, dist, device, plan, scheduler, scaler)
+    return Step(cfg, dist, device, plan, run_schedule(plan.optimizer, opt), scaler)
 
 
 @dataclass(frozen=True)
@@ -353,16 +350,16 @@ def train_step(step: Step, micro: list[MicroBatch]) -> torch.Tensor:
     return total
 
 
-WARMUP_STEPS = 3
+COMPILE_WARMUP_STEPS = 3
 """Optimizer steps of the compile warm-up: CUDA graph trees record a function on its second
 call and replay it from the third."""
 
 
 def warm_up(trainer: Trainer) -> None:
     """Compile before run_start what the run compiles (torch.compile of the micro-step, its CUDA
-    graphs, the Triton kernels' first launches, the eval's dropout-free variants): WARMUP_STEPS
-    steps and one eval batch on made-up data of the run's shapes, in every LAYERWISE stage
-    from the run's on (layerwise.Stages.rehearse), then every checkpoint part
+    graphs, the Triton kernels' first launches, the eval's dropout-free variants):
+    COMPILE_WARMUP_STEPS steps and one eval batch on made-up data of the run's shapes, in every
+    LAYERWISE stage from the run's on (layerwise.Stages.rehearse), then every checkpoint part
     (Trainer.parts: the model, optimizer, schedule, loss scale, ...) and every rank's random
     generators put back as they were, so the run that follows computes what it would have
     without it. Only where something compiles (COMPILE, USE_CUDA_GRAPH, CUDA)."""
@@ -379,7 +376,7 @@ def warm_up(trainer: Trainer) -> None:
                                 trainer.loader.max_seq_length, trainer.loader.max_pred, vocab)
 
     def steps() -> None:
-        for _ in range(WARMUP_STEPS):
+        for _ in range(COMPILE_WARMUP_STEPS):
             train_step(trainer, [micro] * cfg.train.gradient_steps)
         mlm_accuracy(plan.core, samples, cfg.train.eval_batch_size, trainer.dist,
                      trainer.device, trainer.autocast)
