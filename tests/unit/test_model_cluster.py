@@ -208,6 +208,31 @@ def test_plan_matches_nvidias_own_configuration_and_row():
     assert all(c.global_batch % 64 == 0 for c in found)
 
 
+def test_plan_proposes_batches_between_the_rcp_rows(capsys):
+    """Beside the RCP rows' batches, every batch of one micro-batch a step within the checker's
+    range, each trained for the checker's reference there: NVIDIA's Eos batch, 13,888 on 3,472
+    H100 (2 rows of 2 sequences a GPU), between the rows 13,056 and 16,384."""
+    from bertperf.mlperf.rcp import reference_for
+    _, calibrations, over = validate.fitted()
+    rate, _ = plan.rate("H100 80GB SXM", "bf16", calibrations, over)
+    found = plan.candidates("H100 80GB SXM", 434, cluster.FABRICS["dgx-h100"], rate, over,
+                            ("closed",))
+    assert {c.global_batch for c in found} == {3472, 6944, 10416, 13888}
+    eos = [c for c in found if c.global_batch == 13888]
+    assert eos and all(c.samples == reference_for(13888).mean for c in eos)
+    assert min(c.seconds for c in eos) < 60
+    assert plan.global_batches(8, {"varlen": 56, "packed": 48})[:3] == [256, 264, 272]
+    argv = ["plan", "--gpu", "A100 80GB SXM", "--gpus", "16", "--global-batch", "1024",
+            "--division", "closed"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "interpolated between RCP rows 448 and 4608" in out and "| 1,024 | varlen | 32 x 2 |" \
+        in out
+    assert main([*argv[:-4], "--global-batch", "16385"]) == 1
+    err = capsys.readouterr().err
+    assert "above the largest BERT RCP (16384" in err and len(err.strip().splitlines()) == 1
+
+
 def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys, given_stages):
     (tmp_path / "config_common.sh").write_text((ROOT / "config_common.sh").read_text())
     argv = ["plan", "--gpu", "A100 80GB SXM", "--gpus", "64", "--write", str(tmp_path)]
@@ -223,13 +248,13 @@ def test_plan_writes_configs_that_hold_their_candidate(tmp_path, capsys, given_s
         env = dict(item.split("=", 1) for item in env.split("\0") if "=" in item)
         rows = 64 * int(env["BATCHSIZE"]) * int(env["GRADIENT_STEPS"])
         gbs = rows * (int(env["PACKING_FACTOR"]) if env.get("LAYOUT") == "packed" else 1)
-        from bertperf.mlperf.rcp import point_for
-        assert float(env["LR"]) == point_for(gbs).lr
+        from bertperf.mlperf.rcp import nearest_point, reference_for
+        assert float(env["LR"]) == nearest_point(gbs).lr
+        assert f"RCP row BS {nearest_point(gbs).bs}" in path.read_text()
         assert (env.get("SUBMISSION_DIVISION") == "open") == ("_open" in path.name)
         if "_mslt" in path.name:  # the fastest open candidate: MSLT over the RCP's samples
             stages = env["LAYERWISE"].split(",")
-            samples = sum(point_for(gbs).samples_to_converge) / len(point_for(gbs)
-                                                                    .samples_to_converge)
+            samples = reference_for(gbs).mean
             assert [s.split(":")[0] for s in stages] == ["8", "16", "24"]
             assert int(stages[0].split(":")[1]) == round(0.25 * samples)
             assert (env["LAYERWISE_TRAIN"], env["LAYERWISE_SCHEDULE"]) == ("new", "restart")

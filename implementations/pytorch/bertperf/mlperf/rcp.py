@@ -6,13 +6,15 @@ answers "Missing RCP" and the submission fails. A batch below the smallest prune
 if it converges no faster than that row.
 
 The per-cluster config files take their hyperparameters from the row of their global batch size;
-`check_global_batch` is what the trainer runs before any work when the model is BERT-large."""
+`check_global_batch` is what the trainer runs before any work when the model is BERT-large.
+`reference_for` is what the checker judges a run at a global batch against (its own code,
+run as the package checker runs it: on the pruned rows), which `plan` predicts with."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from bertperf.errors import UserError
@@ -77,3 +79,57 @@ def check_global_batch(bs: int) -> None:
                         f"ruleset {RULESET}): the RCP checker would fail the submission "
                         "(\"Missing RCP\"); use BATCHSIZE*GRADIENT_STEPS*ranks <= "
                         f"{largest}")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the RCP checker judges a submission at global batch `bs` against: the reference's
+    samples to converge and the fewest it accepts (mlperf_logging's RCP Mean and Min Epochs)."""
+
+    bs: int
+    mean: float
+    """The reference's samples to converge: a row's olympic mean (the fastest and slowest of
+    its runs left out), or interpolated between the two rows around `bs`."""
+    fewest: float
+    """The least mean of a submission's runs the checker accepts (faster fails the check)."""
+    how: str
+    """Which rows it comes from, in words."""
+
+
+@cache
+def _checker():
+    from mlperf_logging.rcp_checker.rcp_checker import RCP_Checker
+    return RCP_Checker("training", RULESET, "bert", False)
+
+
+PASS = "pruned_rcps"
+"""The rows the package checker judges with (mlperf_logging's package_checker: rcp_pass): those
+left after it prunes every row that converges slower than the rows around it predict."""
+
+
+def reference_for(bs: int) -> Reference:
+    """The RCP checker's reference at global batch `bs`, built by its own code as the package
+    checker runs it (`PASS`): the row of `bs`, else interpolated between the rows below and
+    above it; below the smallest row, that row (a run there must converge no faster); above the
+    largest, a one-line error (the checker has none: "Missing RCP")."""
+    check_global_batch(bs)
+    checker = _checker()
+    record = checker._find_rcp(bs, PASS)
+    if record is not None:
+        how = f"RCP row {bs}"
+    else:
+        low, high = checker._find_top_min_rcp(bs, PASS), checker._find_bottom_max_rcp(bs, PASS)
+        if low is None:
+            record = checker._find_min_rcp(PASS)
+            how = (f"below the smallest RCP row, {record['BS']}: judged against it (no "
+                   "faster)")
+        else:
+            _, record = checker._create_interp_rcp(bs, low, high)
+            how = f"interpolated between RCP rows {low['BS']} and {high['BS']}"
+    return Reference(bs, float(record["RCP Mean"]), float(record["Min Epochs"]), how)
+
+
+def nearest_point(bs: int) -> ReferencePoint:
+    """The RCP row whose batch size is nearest `bs` (the smaller of two as near): the
+    hyperparameters a config at `bs` starts from."""
+    return min(reference_points(), key=lambda p: (abs(p.bs - bs), p.bs))

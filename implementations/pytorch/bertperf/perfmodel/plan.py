@@ -4,14 +4,17 @@ overheads `model validate` fits: a model, not a measurement), the fastest of the
 the open division marked; --write writes them as config_<SYSTEM>_<n>x<g>x<b>x<a>.sh files that
 `run_and_time.sh --check` takes.
 
-Candidates: every global batch of MLPerf's RCP table the GPUs divide (or --global-batch), varlen
+Candidates: every global batch of MLPerf's RCP table the GPUs divide, and every global batch of
+one micro-batch a step between the table's smallest and largest (or --global-batch), varlen
 (sequences) and packed (rows of PACKING_FACTOR sequences; where both divide, the model prices
 them the same and lists varlen), the largest micro-batch the GPU's memory holds (MAX_BATCH
 scaled by memory) and the fewest micro-batches a step; SHARDED_LAMB 0 and 1; in the open
 division also GRAD_COMM bf16 and LAYERWISE (LAYERWISE_RUN: MSLT, its stages' steps traced and
 priced by `model layerwise`, about 20 s; --layerwise none skips it), which the model takes to
-converge in normal training's samples, as `bench layerwise` measured on the demo. Samples to converge: the RCP row's mean (open modes
-times model scale's SAMPLES_FACTOR). The trainer's own traffic: fp32 gradients all-reduced in
+converge in normal training's samples, as `bench layerwise` measured on the demo. Samples to
+converge: the RCP checker's reference at the batch (mlperf/rcp.py reference_for: a row's olympic
+mean, or interpolated between the rows around it; open modes times model scale's
+SAMPLES_FACTOR); a config's hyperparameters: the nearest RCP row's. The trainer's own traffic: fp32 gradients all-reduced in
 DDP's buckets (bf16/fp16: half the bytes), the replicated LAMB step on every GPU, or with
 SHARDED_LAMB the gradients reduce-scattered after the backward and 1/(N G) of LAMB a GPU. A GPU's
 rate is NVIDIA's MLPerf code's on it (model validate's calibration): this trainer's own rate on a
@@ -30,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from bertperf.benchmark import CLOSED, OPEN
+from bertperf.benchmark import CLOSED, OPEN, RULESET
 from bertperf.errors import UserError
 from bertperf.formats.outputs import claim
 from bertperf.perfmodel import cluster, scale
@@ -136,6 +139,19 @@ def split(per_gpu: int, largest: int) -> tuple[int, int] | None:
     return None
 
 
+def global_batches(gpus: int, largest: dict[str, int]) -> list[int]:
+    """The global batches plan proposes on `gpus` GPUs: every RCP row's, and every batch of one
+    micro-batch a step of at most `largest` (a layout's: sequences, or rows of PACKING_FACTOR),
+    within the RCP checker's range (up to its largest row; below its smallest, only the rows'
+    own batches: the checker judges a smaller one against the smallest)."""
+    from bertperf.mlperf.rcp import reference_points
+
+    rows = [p.bs for p in reference_points()]
+    ones = {gpus * micro * packing for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR))
+            for micro in range(1, largest[layout] + 1)}
+    return sorted({*rows, *(b for b in ones if rows[0] <= b <= rows[-1])})
+
+
 def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
                over: cluster.Overheads, divisions: tuple[str, ...],
                samples: float | None = None, global_batch: int | None = None,
@@ -143,24 +159,23 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
     """Every configuration of the module docstring on this cluster (at `global_batch` only, if
     given, trained for `samples`, if given), priced."""
     from bertperf.config import reference_eval_interval
-    from bertperf.mlperf.rcp import reference_points
+    from bertperf.mlperf.rcp import reference_for
 
     gpus = nodes * fabric.gpus_per_node
     memory = cluster.GPUS[gpu].memory_gb / 80
+    largest = {layout: max(1, int(MAX_BATCH[layout] * memory)) for layout in MAX_BATCH}
     buckets = len(scale.gradient_buckets())
     out = []
-    for point in reference_points():
-        if global_batch is not None and point.bs != global_batch:
-            continue
+    for bs in [global_batch] if global_batch is not None else global_batches(gpus, largest):
+        mean = reference_for(bs).mean
         for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR)):
-            rows, left = divmod(point.bs, packing * gpus)
+            rows, left = divmod(bs, packing * gpus)
             if left or not rows:
                 continue
-            shape_split = split(rows, max(1, int(MAX_BATCH[layout] * memory)))
+            shape_split = split(rows, largest[layout])
             if shape_split is None:
                 continue
             batch, accumulation = shape_split
-            mean = sum(point.samples_to_converge) / len(point.samples_to_converge)
             modes = [(CLOSED, "allreduce", False, False), (CLOSED, "allreduce", True, False)]
             modes += [(OPEN, m, False, False) for m in OPEN_COMMS]
             if layerwise:
@@ -173,13 +188,13 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
                                       gradient_bytes=4 if mode == "allreduce" else 2,
                                       optimizer_share=1 / gpus if sharded else 1.0)
                 trained = samples or mean * scale.SAMPLES_FACTOR[mode]
-                evals = trained / reference_eval_interval(point.bs)
+                evals = trained / reference_eval_interval(bs)
                 if staged:
                     prediction = cluster.staged(shape, rate_, over, trained, evals,
                                                 list(layerwise_stages()[1]))
                 else:
                     prediction = cluster.predict(shape, rate_, over, trained, evals)
-                out.append(Candidate(division, layout, point.bs, batch, accumulation, mode,
+                out.append(Candidate(division, layout, bs, batch, accumulation, mode,
                                      sharded, trained, prediction,
                                      layerwise_setting(trained) if staged else None))
     seen, unique = set(), []
@@ -258,7 +273,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", help="bf16 (default) or fp8 (FP8=1)")
     p.add_argument("--division", default="both", help="closed, open or both (default)")
     p.add_argument("--global-batch", default=None,
-                   help="only this global batch (an RCP row's)")
+                   help="only this global batch (up to the largest RCP row's)")
     p.add_argument("--samples", default=None,
                    help="with --global-batch: samples to converge (default: its RCP row's mean), "
                         "e.g. a published run's, to compare with it")
@@ -275,6 +290,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertperf.mlperf.rcp import reference_for
     from bertperf.perfmodel import validate
 
     if args.gpu not in cluster.GPUS:
@@ -299,12 +315,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--samples needs --global-batch: every batch converges in its own "
                         "samples")
     top = int(_positive("top", args.top))
+    reference = None if batch is None else reference_for(batch)  # above the largest: refused
     _, calibrations, over = validate.fitted()
     rate_, source = rate(args.gpu, args.precision, calibrations, over)
     found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples, batch,
                        layerwise=args.layerwise != "none" and OPEN in divisions)
     if not found:
-        which = f"global batch {batch}" if batch else "the RCP table's global batches"
+        which = f"global batch {batch}" if batch else "the RCP checker's global batches"
         raise UserError(f"{gpus} GPUs divide none of {which} into whole micro-batches (RCP "
                         "rows: mlperf/rcp.py): try another --gpus")
     fastest = {d: next((c for c in found if c.division == d), None) for d in divisions}
@@ -318,6 +335,11 @@ def run(args: argparse.Namespace) -> int:
           f"MLPerf code, not this trainer's, which no GPU has measured); overheads "
           f"{over.seconds * 1e3:.2f} ms + {over.sequences:.1f} sequences a micro-step, "
           f"{over.run:.2f} s a run (fitted by model validate on NVIDIA's A100 results)")
+    print("samples to converge: " + ("--samples" if samples else
+          "the RCP checker's reference at the batch (mlperf_logging's code, as the package "
+          f"checker runs it, ruleset {RULESET}): "
+          + (reference.how if reference else "a row's olympic mean, or interpolated between "
+             "the rows around it") + "; open modes times model scale's SAMPLES_FACTOR"))
     if any(c.layerwise for c in found):
         train, stages = layerwise_stages()
         print(f"LAYERWISE {LAYERWISE_RUN} (LAYERWISE_TRAIN={train}, restart): stages of "
@@ -374,9 +396,9 @@ def write_config(path: Path, gpu: str, nodes: int, fabric: cluster.Fabric, c: Ca
     """The candidate as the config file `path` (beside a config_common.sh), written under a
     temporary name and renamed."""
     from bertperf.formats.files import atomic_output
-    from bertperf.mlperf.rcp import point_for
+    from bertperf.mlperf.rcp import nearest_point
 
-    point = point_for(c.global_batch)
+    point = nearest_point(c.global_batch)
     unit = "rows" if c.layout == "packed" else "sequences"
     walltime = math.ceil(2 * c.seconds / 60) + 5
     lines = [
@@ -386,8 +408,10 @@ def write_config(path: Path, gpu: str, nodes: int, fabric: cluster.Fabric, c: Ca
          f"{f' ({PACKING_FACTOR} sequences a row)' if c.layout == 'packed' else ''}."),
         (f"# Written by `{command}` on {datetime.date.today()}: the {c.division} division's "
          f"fastest candidate, predicted {_duration(c.seconds)} to train"),
-        ("# (a model, not a measurement). Hyperparameters: the ruleset 5.0.0 RCP row BS "
-         f"{c.global_batch}. WALLTIME: twice the prediction + 5 min a run."),
+        (f"# (a model, not a measurement). Hyperparameters: the ruleset {RULESET} RCP row BS "
+         f"{point.bs}" + ("" if point.bs == c.global_batch else
+                          " (the nearest row; tune them for this batch)")
+         + ". WALLTIME: twice the prediction + 5 min a run."),
         f"export DGXNNODES={nodes}",
         f"export DGXNGPU={fabric.gpus_per_node}",
         f'export SUBMISSION_PLATFORM="${{DGXNNODES}}x{gpu}"',
