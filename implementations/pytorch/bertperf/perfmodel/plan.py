@@ -14,11 +14,11 @@ priced by `model layerwise`, about 20 s; --layerwise none skips it), which the m
 converge in normal training's samples, as `bench layerwise` measured on the demo. Samples to
 converge: the RCP checker's reference at the batch (mlperf/rcp.py reference_for: a row's olympic
 mean, or interpolated between the rows around it; open modes times model scale's
-SAMPLES_FACTOR); a config's hyperparameters: the nearest RCP row's. The trainer's own traffic: fp32 gradients all-reduced in
-DDP's buckets (bf16/fp16: half the bytes), the replicated LAMB step on every GPU, or with
-SHARDED_LAMB the gradients reduce-scattered after the backward and 1/(N G) of LAMB a GPU. A GPU's
-rate is NVIDIA's MLPerf code's on it (model validate's calibration): this trainer's own rate on a
-GPU has not been measured.
+SAMPLES_FACTOR); a config's hyperparameters: the nearest RCP row's. The trainer's own traffic:
+fp32 gradients all-reduced in DDP's buckets (bf16/fp16: half the bytes), the replicated LAMB
+step on every GPU, or with SHARDED_LAMB the gradients reduce-scattered after the backward and
+1/(N G) of LAMB a GPU. A GPU's rate is NVIDIA's MLPerf code's on it (model validate's
+calibration): this trainer's own rate on a GPU has not been measured.
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def global_batches(gpus: int, largest: dict[str, int]) -> list[int]:
     from bertperf.mlperf.rcp import reference_points
 
     rows = [p.bs for p in reference_points()]
-    ones = {gpus * micro * packing for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR))
+    ones = {gpus * micro * packing
+            for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR))
             for micro in range(1, largest[layout] + 1)}
     return sorted({*rows, *(b for b in ones if rows[0] <= b <= rows[-1])})
 
