@@ -2,6 +2,7 @@
 traced step priced by a roofline, the all-reduce, clusters, layerwise training), calibrated on
 published measurements (anchors.csv, results.csv). A model, not a measurement: bench/ measures."""
 
-CALIBRATION_TOLERANCE = 0.15
-"""How far the step model's A100 prediction may be from NVIDIA's published MLPerf rates (model
-scale's calibration; model step quotes it)."""
+TOLERANCE = 0.15
+"""How far a prediction of the model may be from the published measurement it is checked
+against: the step model's A100 rate against NVIDIA's MLPerf rates (model scale's calibration;
+model step quotes it), and a held-out time to train against its result (model validate)."""

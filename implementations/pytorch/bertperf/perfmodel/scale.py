@@ -73,7 +73,7 @@ from pathlib import Path
 from bertperf.benchmark import EVAL_SAMPLES
 from bertperf.config import GRAD_COMMS as MODES, reference_eval_interval
 from bertperf.errors import UserError
-from bertperf.perfmodel import CALIBRATION_TOLERANCE as TOLERANCE
+from bertperf.perfmodel import TOLERANCE
 
 CONFIGS = "config_DGXA100_*x*.sh"
 """The config files modelled by default, in the current folder (the checkout's root)."""

@@ -26,7 +26,7 @@ from bertperf.errors import UserError
 from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 from bertperf.host import cpu_name
-from bertperf.perfmodel import CALIBRATION_TOLERANCE
+from bertperf.perfmodel import TOLERANCE
 
 MODEL_BATCH = 56
 MODEL_ACCUMULATION = {"varlen": 8, "packed": 4}
@@ -257,7 +257,7 @@ def print_model() -> None:
     h100, where = roofline.H100, nvidia.source.split(" (")[0]
     print("calibration checked on the A100 by `python -m bertperf model scale` (NVIDIA's MLPerf "
           "1xDGX A100 rows, the line under its table; tests/unit/test_model_scale.py holds it "
-          f"within {CALIBRATION_TOLERANCE * 100:.0f} %); the H100 (bf16 and FP8 predicted, one "
+          f"within {TOLERANCE * 100:.0f} %); the H100 (bf16 and FP8 predicted, one "
           "GPU, no all-reduce or evals): "
           f"{rates[h100, best]:,.0f} seq/s bf16 as the code runs it ({best}); "
           f"{rates[h100, fp8]:,.0f} seq/s with "

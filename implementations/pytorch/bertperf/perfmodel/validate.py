@@ -32,10 +32,8 @@ from pathlib import Path
 
 from bertperf.errors import UserError
 from bertperf.formats.outputs import claim
-from bertperf.perfmodel import cluster
+from bertperf.perfmodel import TOLERANCE, cluster
 
-TOLERANCE = 0.15
-"""How far a held-out prediction may be from its published time."""
 SPLITS = ("generation", "round")
 FIT_GPUS = ("A100 40GB SXM", "A100 80GB SXM")
 """--split generation: the GPUs of the rows the overheads are fitted on (the CALIBRATOR's)."""
