@@ -16,7 +16,7 @@ PACKED = {"packed": "1"}  # marks a case run on the packed copy of the data
 CASES = {
     "checkpoint_every_without_dir": ({"CHECKPOINT_EVERY": "10"}, {}, "CHECKPOINT_DIR"),
     "resume_auto_without_dir": ({"RESUME_FROM": "auto"}, {}, "CHECKPOINT_DIR"),
-    "grad_comm_outside_open": ({"GRAD_COMM": "bf16"}, {}, "GRAD_COMM"),
+    "grad_comm_outside_open": ({"GRAD_COMM": "powersgd"}, {}, "GRAD_COMM"),
     "target_in_closed": ({"TARGET_MLM_ACCURACY": "0.5"}, {}, "TARGET_MLM_ACCURACY"),
     "layerwise_new_stage_adds_none": (
         {**OPEN, "LAYERWISE": "1:8,1:8,2", "LAYERWISE_TRAIN": "new"}, {}, "LAYERWISE"),
@@ -168,7 +168,19 @@ def test_owners_tables_are_keyed_by_configs_names():
     from bertperf import config
     from bertperf.train import comm, layout
     assert tuple(layout.LAYOUTS) == config.LAYOUTS
-    assert ("allreduce", *comm.MODES) == config.GRAD_COMMS
+    assert tuple(comm.MODES) == config.GRAD_COMMS
+
+
+def test_a_mode_only_rounding_the_all_reduce_to_a_pre_approved_format_is_closed():
+    """MLPerf's closed division pre-approves fp32, bf16 and fp16 (its rules' "Numerical
+    formats"): the modes that only all-reduce in one of them run there; those that change the
+    optimizer's arithmetic (PowerSGD's low rank and error feedback, local SGD's lone steps) are
+    open-division methods."""
+    from bertperf.train import comm
+    assert {name for name, mode in comm.MODES.items() if mode.division == "closed"} == \
+        {"allreduce", "bf16", "fp16"}
+    assert all(mode.family == "allreduce" for mode in comm.MODES.values()
+               if mode.division == "closed")
 
 
 def test_stateful_modes_are_their_comm_classes():

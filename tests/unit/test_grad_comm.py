@@ -1,4 +1,4 @@
-"""GRAD_COMM (bertperf.train.comm, the REDUCTIONS entries of train/parallel.py) on 2 gloo ranks:
+"""GRAD_COMM (bertperf.train.comm, reduced through train/parallel.py) on 2 gloo ranks:
 bf16/fp16 give the exact average of the ranks' gradients within their rounding (relative error
 of the averaged gradient <= 2^-8 for bf16, 2^-10 for fp16) for exactly half the bytes; PowerSGD
 keeps each rank's reconstruction error and adds it to the next step's gradient (error feedback:
@@ -252,8 +252,8 @@ def test_every_mode_on_two_ranks(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"GRAD_COMM": "bf16", "SUBMISSION_DIVISION": "closed"},
-     "GRAD_COMM=bf16 is an open-division method: set SUBMISSION_DIVISION=open"),
+    ({"GRAD_COMM": "powersgd", "SUBMISSION_DIVISION": "closed"},
+     "GRAD_COMM=powersgd is an open-division method: set SUBMISSION_DIVISION=open"),
     ({"GRAD_COMM": "zip"}, "GRAD_COMM must be one of allreduce, bf16, fp16, powersgd"),
     ({"GRAD_COMM": "powersgd", "SHARDED_LAMB": "1"},
      "GRAD_COMM=powersgd is a DDP communication hook, and SHARDED_LAMB=1 has no DDP"),

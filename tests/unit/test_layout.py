@@ -119,7 +119,8 @@ def test_the_model_command_lists_its_commands():
     from bertperf.perfmodel.cli import COMMANDS as MODEL
 
     assert COMMANDS["model"][0] == "bertperf.perfmodel.cli"
-    assert list(MODEL) == ["step", "scale", "layerwise", "results", "validate"]
+    assert list(MODEL) == ["step", "scale", "commodity", "layerwise", "results",
+                           "validate"]
     assert COMMANDS["plan"][0] == "bertperf.perfmodel.plan"
     assert [module for module, _ in MODEL.values()] == \
         [f"bertperf.perfmodel.{name}" for name in MODEL]

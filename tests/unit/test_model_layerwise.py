@@ -4,13 +4,12 @@ scale's for one DGX A100 node, and the command's tables. CPU only, on fake tenso
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.perfmodel import layerwise, scale
+from bertperf.perfmodel import bert, layerwise, scale
 from bertperf.model import BertConfig
 from tests.support.paths import ROOT
 
@@ -36,7 +35,7 @@ def test_a_frozen_stage_runs_its_frozen_layers_forward_only():
     assert layer == 12 * 1024 ** 2 + 9 * 1024 + 4096  # weights, biases (FFN 4,096), LayerNorms
     embeddings = numel(alone) - numel(frozen)  # what the frozen stage does not train
     assert embeddings == 512 * 1024 + 2 * 1024 + 2 * 1024  # positions, segments, LayerNorm
-    assert sum(scale.gradient_buckets(None, list(frozen.trained))) == 4 * numel(frozen)
+    assert sum(bert.gradient_buckets(None, list(frozen.trained))) == 4 * numel(frozen)
 
 
 @pytest.mark.slow
@@ -46,24 +45,23 @@ def test_normal_is_model_scales_single_node_prediction():
     and MSLT's are that step too; every run trains the same samples; MSLT's frozen stages step
     faster and all-reduce less than half a whole-model step's bytes (a third of the layers and
     the word embeddings train)."""
-    parser = argparse.ArgumentParser()
-    scale.add_arguments(parser)
-    net = scale.network(parser.parse_args([]))
+    net = scale.network_of("auto", "hierarchical")
     theirs = scale.predict(scale.config_run(ROOT / "config_DGXA100_1x8x56x1.sh"),
-                           scale.modelled(56, False), scale.gradient_buckets(), net, 1.0)
+                           bert.modelled(56, False), bert.gradient_buckets(), net, 1.0)
     runs = layerwise.gpu_predictions()
     (normal_step, normal), = runs["normal"]
-    assert normal.seconds_to_train == pytest.approx(theirs.seconds_to_train, rel=1e-9)
-    assert normal.step_seconds == pytest.approx(theirs.step_seconds, rel=1e-9)
+    assert normal.time.seconds == pytest.approx(theirs.time.seconds, rel=1e-9)
+    assert normal.time.step_seconds == pytest.approx(theirs.time.step_seconds, rel=1e-9)
     for name in ("stacking", "mslt"):
         stages = runs[name]
         assert sum(p.run.samples for _, p in stages) == pytest.approx(normal.run.samples)
-        assert stages[-1][1].step_seconds == pytest.approx(normal.step_seconds, rel=1e-9)
+        assert stages[-1][1].time.step_seconds == pytest.approx(normal.time.step_seconds,
+                                                                rel=1e-9)
     assert [(s.layers, s.frozen) for s, _ in runs["mslt"]] == [(8, 0), (16, 8), (24, 0)]
     for step, p in runs["mslt"][1:2]:
         assert p.comm.total < normal.comm.total / 2
-        assert p.step_seconds < normal.step_seconds
-    assert sum(p.seconds_to_train for _, p in runs["mslt"]) < normal.seconds_to_train
+        assert p.time.step_seconds < normal.time.step_seconds
+    assert sum(p.time.seconds for _, p in runs["mslt"]) < normal.time.seconds
 
 
 @pytest.mark.slow

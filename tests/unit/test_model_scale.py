@@ -1,9 +1,8 @@
-"""model scale's performance model: the all-reduce formulas on known inputs, hierarchical against
-flat, the gradient messages against the model's parameters, the dominant term moving from the
-compute to the network as the GPUs grow at a fixed local batch, time to train from its steps and
-evals, a config file's run, and the command (its table, its one-line errors); on commodity
-clusters each GRAD_COMM mode's bytes, the Ethernet rate, the refusal of an uncalibrated GPU and
-the table. CPU only, nothing traced: the compute is given."""
+"""model scale's performance model: the all-reduce formulas on known inputs (perfmodel/network.py),
+hierarchical against flat, the gradient messages against the model's parameters, the dominant
+term moving from the compute to the network as the GPUs grow at a fixed local batch, time to
+train from its steps and evals, a config file's run, and the command (its table, its one-line
+errors). CPU only, nothing traced: the compute is given."""
 
 from __future__ import annotations
 
@@ -14,13 +13,12 @@ from dataclasses import replace
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.perfmodel import scale
-from bertperf.errors import UserError
+from bertperf.perfmodel import bert, network, scale
 from tests.support.paths import ROOT
 
-NET = scale.Network(gpus_per_node=8, nvlink=300e9, nic=25e9, nics_per_node=8,
-                    alpha_nvlink=3.4e-6, alpha_net=9.6e-6, algorithm="ring",
-                    topology="hierarchical")
+NET = network.Network(gpus_per_node=8, nvlink=300e9, nic=25e9, nics_per_node=8,
+                      alpha_nvlink=3.4e-6, alpha_net=9.6e-6, algorithm="ring",
+                      topology="hierarchical")
 
 
 def run_of(nodes: int, batch: int = 16, samples: float = 3e6, interval: int = 175_000):
@@ -29,36 +27,36 @@ def run_of(nodes: int, batch: int = 16, samples: float = 3e6, interval: int = 17
 
 def test_ring_and_tree_formulas_on_known_inputs():
     # 8 GB over 8 ranks at 100 GB/s, 1 us a step
-    assert scale.ring_allreduce(8e9, 8, 100e9, 1e-6) == pytest.approx(14e-6 + 2 * 7 / 8 * 0.08)
-    assert scale.tree_allreduce(8e9, 8, 100e9, 1e-6) == pytest.approx(6e-6 + 0.16)
-    assert scale.reduce_scatter(8e9, 8, 100e9, 1e-6) == pytest.approx(7e-6 + 7 / 8 * 0.08)
-    assert scale.tree_allreduce(1.0, 1000, 1e12, 1e-6) == pytest.approx(20e-6, rel=1e-3)
-    for f in (scale.ring_allreduce, scale.tree_allreduce, scale.reduce_scatter):
+    assert network.ring_allreduce(8e9, 8, 100e9, 1e-6) == pytest.approx(14e-6 + 2 * 7 / 8 * 0.08)
+    assert network.tree_allreduce(8e9, 8, 100e9, 1e-6) == pytest.approx(6e-6 + 0.16)
+    assert network.reduce_scatter(8e9, 8, 100e9, 1e-6) == pytest.approx(7e-6 + 7 / 8 * 0.08)
+    assert network.tree_allreduce(1.0, 1000, 1e12, 1e-6) == pytest.approx(20e-6, rel=1e-3)
+    for f in (network.ring_allreduce, network.tree_allreduce, network.reduce_scatter):
         assert f(8e9, 1, 100e9, 1e-6) == 0.0
 
 
 def test_hierarchical_against_flat():
     m = 1e9
-    one = scale.allreduce(m, 1, NET)
-    assert one == scale.allreduce(m, 1, replace(NET, topology="flat"))
-    assert one.network == 0 and one.nvlink == pytest.approx(scale.ring_allreduce(m, 8, 300e9,
+    one = network.allreduce(m, 1, NET)
+    assert one == network.allreduce(m, 1, replace(NET, topology="flat"))
+    assert one.network == 0 and one.nvlink == pytest.approx(network.ring_allreduce(m, 8, 300e9,
                                                                                  3.4e-6))
-    hier = scale.allreduce(m, 128, NET)
-    assert hier.nvlink == pytest.approx(2 * scale.reduce_scatter(m, 8, 300e9, 3.4e-6))
-    assert hier.network == pytest.approx(scale.ring_allreduce(m / 8, 128, 25e9, 9.6e-6))
-    flat = scale.allreduce(m, 128, replace(NET, topology="flat"))
+    hier = network.allreduce(m, 128, NET)
+    assert hier.nvlink == pytest.approx(2 * network.reduce_scatter(m, 8, 300e9, 3.4e-6))
+    assert hier.network == pytest.approx(network.ring_allreduce(m / 8, 128, 25e9, 9.6e-6))
+    flat = network.allreduce(m, 128, replace(NET, topology="flat"))
     assert flat.nvlink == 0
-    assert flat.network == pytest.approx(scale.ring_allreduce(m, 1024, 25e9, 9.6e-6))
+    assert flat.network == pytest.approx(network.ring_allreduce(m, 1024, 25e9, 9.6e-6))
     assert flat.total > 3 * hier.total  # 8x the bytes and 8x the steps on the network
     # auto: the faster of ring and tree for each message
     tiny, big = 4e6, 1e9
     for nbytes, nodes in ((tiny, 128), (big, 1), (big, 128)):
-        auto = scale.allreduce(nbytes, nodes, replace(NET, algorithm="auto")).total
-        both = [scale.allreduce(nbytes, nodes, replace(NET, algorithm=a)).total
+        auto = network.allreduce(nbytes, nodes, replace(NET, algorithm="auto")).total
+        both = [network.allreduce(nbytes, nodes, replace(NET, algorithm=a)).total
                 for a in ("ring", "tree")]
         assert auto == min(both)
-    assert scale.allreduce(tiny, 128, replace(NET, algorithm="tree")).total < \
-        scale.allreduce(tiny, 128, NET).total  # latency-bound: the tree's log steps win
+    assert network.allreduce(tiny, 128, replace(NET, algorithm="tree")).total < \
+        network.allreduce(tiny, 128, NET).total  # latency-bound: the tree's log steps win
 
 
 def test_messages_are_the_model_parameters_bytes():
@@ -70,44 +68,44 @@ def test_messages_are_the_model_parameters_bytes():
         model = BertForPreTraining(BertConfig.large())
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     embeddings = sum(p.numel() * p.element_size() for p in model.bert.embeddings.parameters())
-    buckets = scale.gradient_buckets()
+    buckets = bert.gradient_buckets()
     assert sum(buckets) == nbytes > 1.3e9  # BERT-large in float32
-    assert sum(scale.gradient_buckets(torch.bfloat16)) == nbytes // 2
+    assert sum(bert.gradient_buckets(torch.bfloat16)) == nbytes // 2
     assert buckets[0] <= 2 * 2 ** 20 + nbytes // len(buckets)  # DDP's small first bucket
     assert buckets[-1] >= embeddings  # ready last: the embeddings
     assert len(buckets) == pytest.approx(nbytes / (25 * 2 ** 20), rel=0.4)
 
 
 def test_dominant_term_moves_from_compute_to_the_network_as_gpus_grow():
-    buckets = scale.gradient_buckets()
-    compute = scale.Compute(micro_step=0.010, backward=0.0067, optimizer=0.001, source="given")
+    buckets = bert.gradient_buckets()
+    compute = bert.Compute(micro_step=0.010, backward=0.0067, optimizer=0.001, source="given")
     small = scale.predict(run_of(1), compute, buckets, NET, overlap=0.0)
     large = scale.predict(run_of(128), compute, buckets, NET, overlap=0.0)
-    assert small.dominant == "compute" and small.exposed.network == 0
-    assert large.dominant == "all-reduce across nodes"
-    assert large.step_seconds > small.step_seconds
+    assert small.time.dominant == "compute" and small.exposed.network == 0
+    assert large.time.dominant == "all-reduce across nodes"
+    assert large.time.step_seconds > small.time.step_seconds
     # with a long backward, everything but the last bucket hides under it
     long = replace(compute, micro_step=1.0, backward=0.7)
     hidden = scale.predict(run_of(128), long, buckets, NET, overlap=1.0)
-    assert hidden.exposed.total == pytest.approx(scale.allreduce(buckets[-1], 128, NET).total)
+    assert hidden.exposed.total == pytest.approx(network.allreduce(buckets[-1], 128, NET).total)
     assert hidden.comm.total == pytest.approx(
-        sum(scale.allreduce(b, 128, NET).total for b in buckets))
+        sum(network.allreduce(b, 128, NET).total for b in buckets))
     half = scale.predict(run_of(128), compute, buckets, NET, overlap=0.5)
     assert half.exposed.total == pytest.approx(large.exposed.total - 0.5 * compute.backward)
 
 
 def test_time_to_train_is_steps_times_the_step_plus_evals():
-    buckets = scale.gradient_buckets()
-    compute = scale.Compute(0.1, 0.06, 0.01, "given")
+    buckets = bert.gradient_buckets()
+    compute = bert.Compute(0.1, 0.06, 0.01, "given")
     p = scale.predict(run_of(8, batch=48, samples=3_000_000), compute, buckets, NET, 1.0)
     assert p.run.global_batch == 3072
-    assert p.steps == pytest.approx(3_000_000 / 3072)
-    assert p.evals == pytest.approx(3_000_000 / 175_000)
+    t = p.time
+    assert t.steps == pytest.approx(3_000_000 / 3072)
+    assert t.evals == pytest.approx(3_000_000 / 175_000)
     # an eval: each GPU's ceil(10,000 / 64) = 157 samples, 4 micro-batches of 48, a third each
     assert p.eval_seconds == pytest.approx(4 * 0.1 / 3)
-    assert p.seconds_to_train == pytest.approx(p.steps * p.step_seconds
-                                               + p.evals * p.eval_seconds)
-    assert p.step_seconds == pytest.approx(0.1 + 0.01 + p.exposed.total)
+    assert t.seconds == pytest.approx(t.steps * t.step_seconds + t.evals * p.eval_seconds)
+    assert t.step_seconds == pytest.approx(0.1 + 0.01 + p.exposed.total)
 
 
 def test_a_config_file_run():
@@ -122,7 +120,7 @@ def test_a_config_file_run():
 def given_compute(monkeypatch):
     """The compute given (nothing traced), run in the checkout's root as a user runs it."""
     def modelled(batch, packed):
-        return scale.Compute(0.003 * batch, 0.002 * batch, 0.0126, "given")
+        return bert.Compute(0.003 * batch, 0.002 * batch, 0.0126, "given")
     monkeypatch.setattr(scale, "modelled", modelled)
     monkeypatch.chdir(ROOT)
 
@@ -147,7 +145,7 @@ def number(cell: str) -> float:
 def seconds(cell: str) -> float:
     """A duration cell ("75.6 s", "14.9 min (logs)") in seconds."""
     value, unit = cell.split()[:2]
-    return float(value) * {"s": 1, "min": 60}[unit]
+    return float(value) * {"s": 1, "min": 60, "h": 3600, "days": 86400}[unit]
 
 
 def test_cli_prints_the_table(given_compute, capsys):
@@ -178,7 +176,7 @@ def test_cli_prints_the_table(given_compute, capsys):
             assert number(row["predicted / published"]) == pytest.approx(  # 0.1 min rounded
                 seconds(row["predicted time to train"]) / seconds(row["published"]), rel=0.05)
     ours = by_config["config_DGXA100_1x8x56x1.sh"]
-    assert seconds(ours["published"]) == pytest.approx(16.9 * 60)  # v2.1 NVIDIA 1xDGX A100
+    assert seconds(ours["published"]) == pytest.approx(16.88 * 60)  # v2.1 NVIDIA 1xDGX A100
     for published in scale.load_published():
         (row,) = [r for name, r in by_config.items() if name.startswith(published.label + " (")]
         assert row["published"].endswith(f"({published.source})")
@@ -186,7 +184,7 @@ def test_cli_prints_the_table(given_compute, capsys):
     gpus = sorted({int(number(row["GPUs"])) for row in runs})
     assert list(allreduce[0])[1:] == [f"{n:,} GPUs" for n in gpus]
     assert [row["topology, algorithm"] for row in allreduce] == \
-        [f"{t}, {a}" for t in scale.TOPOLOGIES for a in scale.ALGORITHMS]
+        [f"{t}, {a}" for t in network.TOPOLOGIES for a in network.ALGORITHMS]
     assert all(number(cell) > 0 for row in allreduce for cell in list(row.values())[1:])
 
 
@@ -194,12 +192,7 @@ def test_cli_prints_the_table(given_compute, capsys):
     ["--overlap", "1.5"], ["--step-ms", "56"], ["--step-ms", "x=3"], ["--step-ms", "56=-1"],
     ["--algorithm", "star"], ["--topology", "torus"], ["--nvlink-gbps", "-3"],
     ["--nics-per-node", "2.5"], ["--grad-dtype", "int8"], ["--configs", "no_such_config.sh"],
-    ["--configs", str(ROOT / "config_DGXH100_1x1x56x4_pack.sh")], ["--cluster", "torus"],
-    ["--cluster", "commodity", "--grad-comm", "zip"], ["--cluster", "commodity", "--gpu", "H100"],
-    ["--cluster", "commodity", "--nodes", "5"],
-    ["--cluster", "commodity", "--samples-factor", "powersgd"],
-    ["--cluster", "commodity", "--nodes", "0"],
-    ["--nodes", "0"], ["--samples-factor", "powersgd"], ["--gpus-per-node", "4"],
+    ["--configs", str(ROOT / "config_DGXH100_1x1x56x4_pack.sh")],
 ])
 def test_cli_rejects_bad_flags_with_one_line(given_compute, capsys, flags):
     assert main(["model", "scale", *flags]) == 1
@@ -260,8 +253,8 @@ def test_a_malformed_results_table_is_one_line(given_compute, tmp_path, capsys, 
 @pytest.mark.slow
 def test_the_modelled_compute_comes_from_the_traced_step():
     """The A100 price of the trainer's traced packed step at 2 rows (fake tensors, a few s)."""
-    scale.modelled.cache_clear()
-    compute = scale.modelled(2, True)
+    bert.modelled.cache_clear()
+    compute = bert.modelled(2, True)
     assert compute.source == "packed model"
     assert 0 < compute.backward < compute.micro_step < 0.1 and 0 < compute.optimizer < 0.1
     # LAMB over all 336 M float32 parameters reads and writes at least 5 x 4 bytes each
@@ -275,7 +268,7 @@ def test_the_calibrated_model_predicts_nvidias_mlperf_a100_rate():
     calibrated efficiencies of perfmodel/anchors.csv, with the all-reduce, LAMB and the evals) lands
     within 15 % of their published rate, about 300 sequences/s a GPU. It fails when the
     calibration (or what the trainer's step launches) drifts; a few seconds of tracing."""
-    scale.modelled.cache_clear()
+    bert.modelled.cache_clear()
     predictions = scale.calibration()
     assert [p.run.published.label for p in predictions] == list(scale.CALIBRATION)
     for p in predictions:
@@ -285,126 +278,3 @@ def test_the_calibrated_model_predicts_nvidias_mlperf_a100_rate():
         assert p.compute.source == "varlen model"
         assert scale.per_gpu_rate(p) == pytest.approx(published, rel=scale.TOLERANCE)
         assert scale.per_gpu_rate(p) == pytest.approx(300, rel=scale.TOLERANCE)
-
-
-# ---- commodity clusters ---------------------------------------------------------------
-
-PARAMETERS = 336_232_258
-V100 = scale.COMMODITY_GPUS["V100"]
-
-
-def test_grad_comm_bytes_per_mode():
-    """Bytes over all ranks a step: the fp32 gradient; half of it in bf16 and fp16; PowerSGD at
-    rank 4 counted by hand on BERT-large's shapes (every weight matrix but the token-type
-    embeddings and the 2-way NSP classifier, whose rank-4 factors are not 2x smaller); none under
-    localsgd (its average is amortised: test_localsgd_...)."""
-    def total(mode, rank=4):
-        return sum(map(sum, scale.mode_messages(mode, rank)))
-
-    assert total("allreduce") == 4 * PARAMETERS
-    assert total("bf16") == total("fp16") == 2 * PARAMETERS
-    d, ff, vocab, r = 1024, 4096, 30528, 4  # the vocabulary padded to a multiple of 8
-    layer = [(3 * d, d), (d, d), (ff, d), (d, ff)]  # QKV, attention output, the FFN's two
-    matrices = [(vocab, d), (512, d), *24 * layer, (d, d), (d, d)]  # + pooler, MLM transform
-    whole = PARAMETERS - sum(n * m for n, m in matrices)
-    factors = r * sum(n + m for n, m in matrices)
-    assert whole + factors == pytest.approx(2.08e6, rel=0.01)  # docs/slow_networks.md: 2.08M
-    assert total("powersgd") == 4 * (whole + factors)
-    assert total("powersgd_bf16") == 2 * (whole + factors)
-    assert total("powersgd", 1) == 4 * (whole + factors // 4)
-    assert total("localsgd") == 0
-
-
-def commodity_run(nodes: int = 4, gpus: int = 8):
-    return scale.Run("commodity", nodes, gpus, 16, 3072 // (nodes * gpus * 16), False, 1.0,
-                     2_768_215, "RCP 3072", 175_000)
-
-
-def commodity_net(gbit: float, gpus: int = 8) -> scale.Network:
-    return scale.Network(gpus, V100.pcie, gbit * 1e9 / 8, 1, scale.ALPHA_PCIE_US * 1e-6,
-                         scale.ALPHA_NET_US * 1e-6, "ring", "hierarchical")
-
-
-COMPUTE = scale.Compute(micro_step=0.14, backward=0.09, optimizer=0.04, source="given")
-
-
-def mode(name: str, gbit: float = 10, factor: float = 1.0, **kwargs):
-    args = dict(overlap=1.0, rank=4, period=8, warmup=100) | kwargs
-    return scale.commodity_mode(commodity_run(), COMPUTE, V100, commodity_net(gbit), name,
-                                factor=factor, **args)
-
-
-def test_one_nic_a_node_shared_by_its_gpus_and_10_gbit_slower_than_25():
-    """Across nodes each GPU's M/G at NIC/G: a node's link carries 2 (N-1)/N M, as in
-    docs/slow_networks.md (1.6 s a step for 1.34 GB on 4 nodes at 10 Gb/s)."""
-    ten, twentyfive = mode("allreduce", 10), mode("allreduce", 25)
-    assert ten.prediction.comm.network == pytest.approx(
-        2 * 3 / 4 * 4 * PARAMETERS / 1.25e9, rel=0.01)
-    assert ten.prediction.comm.network == pytest.approx(2.5 * twentyfive.prediction.comm.network,
-                                                        rel=0.01)
-    assert ten.prediction.step_seconds > twentyfive.prediction.step_seconds + 0.5
-    assert ten.seconds_to_train > twentyfive.seconds_to_train
-    assert ten.prediction.dominant == "all-reduce across nodes"
-
-
-def test_compressed_modes_change_the_bytes_the_steps_and_the_compute():
-    plain, bf16, powersgd = mode("allreduce"), mode("bf16"), mode("powersgd", factor=1.33)
-    assert bf16.world_bytes == plain.world_bytes / 2
-    assert bf16.prediction.comm.network == pytest.approx(plain.prediction.comm.network / 2,
-                                                         rel=0.01)
-    assert powersgd.world_bytes < plain.world_bytes / 100
-    assert 0 < powersgd.prediction.compression < 0.1 and plain.prediction.compression == 0
-    # 1.33x the samples, the first 100 steps (the warm-up) a plain all-reduce
-    assert powersgd.prediction.steps == pytest.approx(1.33 * plain.prediction.steps)
-    assert powersgd.start == 100 and bf16.start == 0
-    assert powersgd.seconds_to_train == pytest.approx(
-        powersgd.prediction.seconds_to_train
-        + 100 * (plain.prediction.step_seconds - powersgd.prediction.step_seconds))
-
-
-def test_localsgd_sends_the_parameters_once_a_period_and_all_reduces_in_the_node():
-    plain, local = mode("allreduce"), mode("localsgd", period=8)
-    assert local.world_bytes == plain.world_bytes / 8
-    average = scale.allreduce(4 * PARAMETERS, 4, commodity_net(10)).scaled(1 / 8)
-    assert local.prediction.comm.network == pytest.approx(average.network)
-    assert local.prediction.comm.nvlink == pytest.approx(plain.prediction.comm.nvlink
-                                                         + average.nvlink, rel=0.01)
-    assert mode("localsgd", period=16).prediction.step_seconds < local.prediction.step_seconds
-
-
-def test_an_uncalibrated_gpu_is_not_predicted(given_compute, capsys):
-    with pytest.raises(UserError, match="RTX 3090: not predicted"):
-        scale.slowdown(scale.COMMODITY_GPUS["RTX3090"])
-    assert scale.slowdown(V100) == pytest.approx(210 / 75)
-    assert main(["model", "scale", "--cluster", "commodity", "--gpu", "RTX3090,A5000"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("bertperf: error: RTX 3090: not predicted") and "RTX A5000" in err
-    assert len(err.strip().splitlines()) == 1
-
-
-def test_cli_prints_the_commodity_table(given_compute, capsys):
-    modes = ["allreduce", "bf16", "powersgd", "localsgd"]
-    assert main(["model", "scale", "--cluster", "commodity", "--grad-comm", ",".join(modes)]) == 0
-    out = capsys.readouterr().out
-    assert "model predictions, not measurements" in out
-    assert [line for line in out.splitlines() if "not predicted" in line] == [
-        f"{name}: not predicted: no published BERT-large throughput of it in perfmodel/anchors.csv "
-        f"({scale.SPEED_ANCHOR}) to calibrate its compute on" for name in ("RTX 3090", "RTX A5000")]
-    assert "arXiv 2008.00177" in out and "names no hardware" in out
-    (rows,) = tables(out)
-    assert [(r["cluster"], r["GRAD_COMM"]) for r in rows] == [
-        (f"4 x 8 V100 32GB, {gbit} Gb/s Ethernet", m) for gbit in (10, 25) for m in modes]
-    by = {(r["cluster"].split(", ")[1], r["GRAD_COMM"]): r for r in rows}
-    for r in rows:  # the given 3 ms a sequence x 2.8 (210 / 75), 16 a micro-batch, 6 of them
-        assert number(r["compute ms"]) == pytest.approx(0.003 * 16 * 210 / 75 * 6e3, abs=0.5)
-        assert r["Lin et al. 2020"].startswith("12 days")
-    ten = "10 Gb/s Ethernet"
-    assert number(by[ten, "bf16"]["MB a step across nodes (a GPU's collectives / each node's "
-                                  "link)"]) == pytest.approx(4 * PARAMETERS / 2e6, abs=0.1)
-    assert number(by[ten, "powersgd"]["samples to converge"]) == pytest.approx(1.33 * 2_768_215,
-                                                                              abs=1)
-    assert number(by[ten, "powersgd"]["compression ms"]) > 0
-    step = [number(by[ten, m]["step ms"]) for m in modes]
-    assert step[0] > step[1] > step[2] and step[0] > step[3]
-    assert number(by[ten, "allreduce"]["step ms"]) > number(by["25 Gb/s Ethernet",
-                                                                "allreduce"]["step ms"])

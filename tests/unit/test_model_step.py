@@ -85,10 +85,17 @@ def test_the_model_traces_the_trainers_step(triton, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not TRITON, reason="the model traces the kernels' Triton path")
-def test_the_command_prints_the_model_table(capsys):
-    """A100 and H100 rows of 8 cells each (the H100 alone with each kernel and FP8), the table
-    marked as a model, the calibration line pointing at model scale."""
-    assert main(["model", "step"]) == 0
+def test_the_command_prints_the_model_table(capsys, monkeypatch):
+    """A100 and H100 rows of 8 cells each (the H100, the last, alone with each kernel; FP8 on
+    the GPUs that have it), the table marked as a model, the calibration line pointing at model
+    scale; a throwaway GPU entry of perfmodel/gpus.py priced beside them (one entry, nothing
+    else changed)."""
+    from bertperf.perfmodel import gpus
+    from tests.unit.test_model_entries import NEW_GPU
+
+    monkeypatch.setitem(gpus.GPUS, NEW_GPU.name, NEW_GPU)
+    assert main(["model", "step", "--gpu",
+                 f"A100 80GB SXM,{NEW_GPU.name},H100 80GB SXM"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("model step, ")
     model = lines.index(next(line for line in lines if line.startswith("step-time MODEL")))
@@ -98,5 +105,7 @@ def test_the_command_prints_the_model_table(capsys):
     assert any("encoder GEMMs in FP8" in r for r in rows if r.startswith("| H100"))
     assert not any("FP8" in r for r in rows if r.startswith("| A100"))
     assert not any(" in one kernel" in r for r in rows if r.startswith("| A100"))
+    new = [line for line in lines[model:] if line.startswith(f"| {NEW_GPU.name} |")]
+    assert len(new) >= 4 and any("encoder GEMMs in FP8" in r for r in new)
     assert any(line.startswith("calibration checked on the A100 by `python -m bertperf model "
                                "scale`") for line in lines[model:])

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bertperf.perfmodel import roofline
+from bertperf.perfmodel import gpus, roofline
 from bertperf.perfmodel.roofline import Access, Gpu, Op
 
 TRITON = importlib.util.find_spec("triton") is not None
@@ -204,7 +204,8 @@ def test_the_efficiencies_are_the_anchors_over_the_datasheet_peaks():
     assert roofline.ANCHORS.parent == Path(roofline.__file__).parent
     anchors = roofline.anchors()
     assert all(a.source and a.what for a in anchors.values())
-    for gpu in roofline.GPUS:
+    for name in (gpus.A100, gpus.H100):
+        gpu = roofline.GPUS[name]
         assert gpu.matmul_efficiency == anchors["gemm", gpu.name].value / gpu.tensor_flops
         assert gpu.memory_efficiency == anchors["bandwidth", gpu.name].value / gpu.bandwidth
         assert gpu.attention_forward_efficiency == \
@@ -214,9 +215,18 @@ def test_the_efficiencies_are_the_anchors_over_the_datasheet_peaks():
         for fraction in (gpu.matmul_efficiency, gpu.memory_efficiency,
                          gpu.attention_forward_efficiency, gpu.attention_backward_efficiency):
             assert 0 < fraction < 1
-    a100, h100 = roofline.GPUS
+    a100, h100 = roofline.GPUS[gpus.A100], roofline.GPUS[gpus.H100]
     assert a100.fp8_flops == 0 and h100.fp8_efficiency == \
         anchors["gemm_fp8", h100.name].value / h100.fp8_flops
+    # every other GPU: its own datasheet at its kernels_like GPU's measured fractions
+    assert set(roofline.GPUS) == set(gpus.GPUS)
+    for name, g in gpus.GPUS.items():
+        priced, like = roofline.GPUS[name], roofline.GPUS[g.calibrated_on]
+        assert (priced.tensor_flops, priced.bandwidth, priced.fp8_flops) == \
+            (g.tensor_flops, g.bandwidth, g.fp8_flops)
+        assert (priced.matmul_efficiency, priced.memory_efficiency) == \
+            (like.matmul_efficiency, like.memory_efficiency)
+        assert bool(priced.fp8_efficiency) == bool(g.fp8_flops)
 
 
 def test_foreach_launches_follow_multi_tensor_apply():

@@ -223,9 +223,10 @@ class OptimConfig:
         checkpoints hold whole tensors either way and resume with either setting.""")
     grad_comm: str = setting("GRAD_COMM", str, "allreduce", curve=True, choices=GRAD_COMMS,
                              doc="""
-        How gradients cross the network between ranks (bertperf.train.comm; every mode but
-        allreduce is open division only, for slow networks): "allreduce" (default: DDP's fp32
-        all-reduce), "bf16" / "fp16" (each gradient bucket all-reduced in that type: half the
+        How gradients cross the network between ranks (bertperf.train.comm; allreduce, bf16
+        and fp16 in either division, the others open division only, for slow networks):
+        "allreduce" (default: DDP's fp32 all-reduce), "bf16" / "fp16" (each gradient bucket
+        all-reduced in that type, a format MLPerf's closed division pre-approves: half the
         bytes), "powersgd" / "powersgd_bf16" (rank-POWERSGD_RANK PowerSGD with error feedback
         from POWERSGD_START; _bf16: its matrices in bf16), "localsgd" (post-local SGD: from
         LOCALSGD_START each node steps on its own gradient, the parameters averaged over all

@@ -9,8 +9,10 @@ COMMANDS = {
              "its switches"),
     "scale": ("bertperf.perfmodel.scale",
               "step time and time to train of the DGX A100 configs from 8 to 1,024 GPUs, the "
-              "dominant term at each, and the published MLPerf times; --cluster commodity: PCIe "
-              "GPU nodes on 10/25 Gb/s Ethernet, each GRAD_COMM mode"),
+              "dominant term at each, and the published MLPerf times"),
+    "commodity": ("bertperf.perfmodel.commodity",
+                  "time to train on nodes of PCIe GPUs on 10/25 Gb/s Ethernet, each GRAD_COMM "
+                  "mode"),
     "layerwise": ("bertperf.perfmodel.layerwise",
                   "BERT-large's step in each stage of progressive stacking and MSLT on one DGX "
                   "A100 node, and the time to train against normal training's"),

@@ -22,12 +22,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from bertperf.errors import UserError
+from bertperf.perfmodel.gpus import A100
 
 if TYPE_CHECKING:
     import torch
 
     from bertperf.model import BertConfig
-    from bertperf.perfmodel.scale import Compute, Prediction, Run
+    from bertperf.perfmodel.bert import Compute
+    from bertperf.perfmodel.scale import Run, Step
 
 GPU_RUNS: dict[str, tuple[str, tuple[tuple[int, float, str], ...]]] = {
     "normal": ("all", ((24, 1.0, ""),)),
@@ -67,11 +69,11 @@ def stage_step(config: BertConfig, batch: int, setting: str | None, train: str,
     CUDA) built by `staged`: the model cut by the trainer's own code (layerwise.Stages), the step
     built by train.loop.build_step, then each boundary entered (Stages.enter: the frozen layers
     under no_grad, what trains, the plan rebuilt over the trained parameters), priced on the A100
-    (scale.priced). With LAYERWISE_SCHEDULE=restart: continue's schedule reads its step count,
+    (bert.priced). With LAYERWISE_SCHEDULE=restart: continue's schedule reads its step count,
     which a fake tensor has not (the schedule changes no kernel of the step)."""
     import torch
 
-    from bertperf.perfmodel import scale
+    from bertperf.perfmodel import bert
     from bertperf.perfmodel import step as model_step
     from bertperf.train import layerwise, loop
 
@@ -97,7 +99,7 @@ def stage_step(config: BertConfig, batch: int, setting: str | None, train: str,
                     for p in core.parameters() if p.requires_grad)
     return StageStep(len(encoder.layer), getattr(encoder, "frozen", 0),
                      sum(op.flops for op in trace.ops),
-                     scale.priced(trace, segments, config, "stage model"), trained)
+                     bert.priced(trace, segments, config, "stage model"), trained)
 
 
 def node_run(batch: int) -> Run:
@@ -127,16 +129,14 @@ def stage_setting(stages: tuple[tuple[int, float, str], ...], counts: list[int])
 
 
 @functools.cache
-def gpu_predictions(batch: int = 56) -> dict[str, list[tuple[StageStep, Prediction]]]:
+def gpu_predictions(batch: int = 56) -> dict[str, list[tuple[StageStep, Step]]]:
     """Each GPU_RUNS run's stages on one node (`node_run`): the stage's BERT-large step
     (`stage_step`) and model scale's prediction for the stage's share of the samples (its
     all-reduce over the trained parameters' DDP buckets on model scale's default network)."""
     from bertperf.model import BertConfig
-    from bertperf.perfmodel import scale
+    from bertperf.perfmodel import bert, scale
 
-    parser = argparse.ArgumentParser()
-    scale.add_arguments(parser)
-    net = scale.network(parser.parse_args([]))
+    net = scale.network_of("auto", "hierarchical")
     config, base = BertConfig.large(), node_run(batch)
     out = {}
     for name, (train, stages) in GPU_RUNS.items():
@@ -149,7 +149,7 @@ def gpu_predictions(batch: int = 56) -> dict[str, list[tuple[StageStep, Predicti
             whole = layers == config.num_hidden_layers and (mode or train) == "all"
             step = stage_step(config, batch, None, "all", 0) if whole else \
                 stage_step(config, batch, setting, train, index)
-            buckets = scale.gradient_buckets(None, list(step.trained))
+            buckets = bert.gradient_buckets(None, list(step.trained))
             out[name].append((step, scale.predict(replace(base, samples=samples), step.compute,
                                                   buckets, net, 1.0)))
     return out
@@ -157,17 +157,17 @@ def gpu_predictions(batch: int = 56) -> dict[str, list[tuple[StageStep, Predicti
 
 def print_gpu_model() -> None:
     """The GPU model's table (module docstring)."""
-    from bertperf.perfmodel import roofline, scale
+    from bertperf.perfmodel import roofline
 
     t0 = time.perf_counter()
     runs = gpu_predictions()
     normal = runs["normal"][0][1]
     base = normal.run
-    gpu = next(g for g in roofline.GPUS if g.name == scale.GPU)
+    gpu = roofline.GPUS[A100]
     print(f"GPU MODEL (a calibrated model's prediction, not a measurement): `python -m bertperf "
           f"model layerwise`, {time.strftime('%Y-%m-%d', time.gmtime())}, computed on "
           f"{platform.machine()} {platform.system()} in {time.perf_counter() - t0:.0f} s")
-    print(f"BERT-large (24 layers) on one DGX A100 node: {base.gpus} {scale.GPU} GPUs, "
+    print(f"BERT-large (24 layers) on one DGX A100 node: {base.gpus} {A100} GPUs, "
           f"{base.batch} sequences a GPU (varlen, MLPerf's length quantiles; model scale's "
           f"config_DGXA100_1x8x56x1.sh), global batch {base.global_batch}, "
           f"{base.samples:,.0f} samples in every run (the mean of its {base.samples_source} "
@@ -189,13 +189,13 @@ def print_gpu_model() -> None:
     print("|---|---:|---|---:|---|---:|---:|---:|")
     for name, stages in runs.items():
         for i, (step, p) in enumerate(stages, 1):
-            t = p.terms
+            t = p.time.per_step
             print(f"| {name} | {i} | {step.layers} ({step.frozen}) | {step.flops / 1e12:.1f} | "
                   f"{t['compute'] * 1e3:.1f} / {p.exposed.total * 1e3:.1f} "
                   f"({p.comm.total * 1e3:.1f}) / {t['optimizer'] * 1e3:.1f} | "
-                  f"{p.step_seconds * 1e3:.1f} | {p.run.samples / base.samples:.1%} | "
-                  f"{p.seconds_to_train / 3600:.3f} |")
-    total = {name: sum(p.seconds_to_train for _, p in stages) for name, stages in runs.items()}
+                  f"{p.time.step_seconds * 1e3:.1f} | {p.run.samples / base.samples:.1%} | "
+                  f"{p.time.seconds / 3600:.3f} |")
+    total = {name: sum(p.time.seconds for _, p in stages) for name, stages in runs.items()}
     print("\n| run | predicted time to train | x normal |")
     print("|---|---:|---:|")
     for name, seconds in total.items():

@@ -8,14 +8,16 @@ Candidates: every global batch of MLPerf's RCP table the GPUs divide, and every 
 one micro-batch a step between the table's smallest and largest (or --global-batch), varlen
 (sequences) and packed (rows of PACKING_FACTOR sequences; where both divide, the model prices
 them the same and lists varlen), the largest micro-batch the GPU's memory holds (MAX_BATCH
-scaled by memory) and the fewest micro-batches a step; SHARDED_LAMB 0 and 1; in the open
-division also GRAD_COMM bf16 and LAYERWISE (LAYERWISE_RUN: MSLT, its stages' steps traced and
-priced by `model layerwise`, about 20 s; --layerwise none skips it), which the model takes to
-converge in normal training's samples, as `bench layerwise` measured on the demo. Samples to
-converge: the RCP checker's reference at the batch (mlperf/rcp.py reference_for: a row's olympic
-mean, or interpolated between the rows around it; open modes times model scale's
-SAMPLES_FACTOR); a config's hyperparameters: the nearest RCP row's. The trainer's own traffic:
-fp32 gradients all-reduced in DDP's buckets (bf16/fp16: half the bytes), the replicated LAMB
+scaled by memory) and the fewest micro-batches a step; SHARDED_LAMB 0 and 1 (with
+GRAD_COMM=allreduce); each GRAD_COMM mode cluster.py prices (PRICED: allreduce and bf16, in the
+division its Mode entry allows: both closed); in the open division LAYERWISE (LAYERWISE_RUN:
+MSLT, its stages' steps traced and priced by `model layerwise`, about 20 s; --layerwise none
+skips it), which the model takes to converge in normal training's samples, as `bench layerwise`
+measured on the demo. Samples to converge: the RCP checker's reference at the batch
+(mlperf/rcp.py reference_for: a row's olympic mean, or interpolated between the rows around it)
+times the mode's samples factor (Mode.samples_factor); a config's hyperparameters: the nearest
+RCP row's. The trainer's own traffic: fp32 gradients all-reduced in DDP's buckets (bf16: half
+the bytes), the replicated LAMB
 step on every GPU, or with SHARDED_LAMB the gradients reduce-scattered after the backward and
 1/(N G) of LAMB a GPU. A GPU's rate is NVIDIA's MLPerf code's on it (model validate's
 calibration): this trainer's own rate on a GPU has not been measured.
@@ -36,15 +38,17 @@ from types import SimpleNamespace
 from bertperf.benchmark import CLOSED, OPEN, RULESET
 from bertperf.errors import UserError
 from bertperf.formats.outputs import claim
-from bertperf.perfmodel import cluster, scale
+from bertperf.perfmodel import bert, cluster, gpus, network
+from bertperf.perfmodel.timing import duration
 
 MAX_BATCH = {"varlen": 56, "packed": 48}
 """The largest micro-batch a GPU with 80 GB trains (sequences; packed: rows): NVIDIA's A100 and
 H100 single-node configs; scaled by the GPU's memory."""
 PACKING_FACTOR = 2
-OPEN_COMMS = ("bf16",)
-"""GRAD_COMM modes `plan` prices beside allreduce in the open division: bf16 (fp16 moves the same
-bytes and prices the same; PowerSGD and local SGD: `model scale --cluster commodity`)."""
+PRICED = ("allreduce",)
+"""The GRAD_COMM families (train/comm.py's Mode.family) cluster.py prices: every bucket reduced
+in the mode's element bytes (PowerSGD and local SGD: `model commodity`). Of modes that price the
+same (bf16 and fp16) plan lists the first."""
 LAYERWISE_RUN = "mslt"
 """The LAYERWISE recipe priced in the open division: model layerwise's GPU_RUNS entry (bench
 layerwise's three-stage MSLT scaled to 24 layers), with LAYERWISE_SCHEDULE=restart."""
@@ -77,24 +81,19 @@ class Candidate:
 
 def rate(gpu: str, precision: str, calibrations: dict,
          over: cluster.Overheads) -> tuple[float, str]:
-    """The GPU's rate (model validate's rate_for, as of the latest round); a GPU without a
-    calibration but with a published DeepLearningExamples BERT rate: the A100's times the ratio
-    of the two (model scale's commodity calibration)."""
-    from bertperf.perfmodel import roofline, validate
+    """The GPU's rate (model validate's rate_for, as of the latest round: its own calibration,
+    else another's times roofline's speedup between the two)."""
+    from bertperf.perfmodel import validate
 
+    if precision == "fp8" and not gpus.GPUS[gpu].fp8_flops:
+        raise UserError(f"--gpu {gpu!r} --precision fp8: it has no FP8 tensor cores (FP8=1 "
+                        f"needs one of {', '.join(fp8_gpus())})")
     row = SimpleNamespace(gpu=gpu, precision=PRECISIONS[precision], round=LATEST_ROUND)
-    value, source = validate.rate_for(row, calibrations, over)
-    anchors = roofline.anchors()
-    if math.isnan(value) and (scale.SPEED_ANCHOR, gpu) in anchors and precision == "bf16":
-        a100, _ = validate.rate_for(SimpleNamespace(**{**vars(row), "gpu": roofline.A100}),
-                                    calibrations, over)
-        ratio = anchors[scale.SPEED_ANCHOR, gpu].value / anchors[scale.SPEED_ANCHOR,
-                                                                 roofline.A100].value
-        return a100 * ratio, f"the A100's x {ratio:.2f} (DeepLearningExamples BERT rates)"
-    if math.isnan(value):
-        raise UserError(f"--gpu {gpu!r} at PRECISION={precision}: {source}, nor a published "
-                        "BERT rate to scale the A100's by")
-    return value, source
+    return validate.rate_for(row, calibrations, over)
+
+
+def fp8_gpus() -> list[str]:
+    return [name for name, g in gpus.GPUS.items() if g.fp8_flops]
 
 
 @functools.cache
@@ -139,21 +138,21 @@ def split(per_gpu: int, largest: int) -> tuple[int, int] | None:
     return None
 
 
-def global_batches(gpus: int, largest: dict[str, int]) -> list[int]:
-    """The global batches plan proposes on `gpus` GPUs: every RCP row's, and every batch of one
+def global_batches(world: int, largest: dict[str, int]) -> list[int]:
+    """The global batches plan proposes on `world` GPUs: every RCP row's, and every batch of one
     micro-batch a step of at most `largest` (a layout's: sequences, or rows of PACKING_FACTOR),
     within the RCP checker's range (up to its largest row; below its smallest, only the rows'
     own batches: the checker judges a smaller one against the smallest)."""
     from bertperf.mlperf.rcp import reference_points
 
     rows = [p.bs for p in reference_points()]
-    ones = {gpus * micro * packing
+    ones = {world * micro * packing
             for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR))
             for micro in range(1, largest[layout] + 1)}
     return sorted({*rows, *(b for b in ones if rows[0] <= b <= rows[-1])})
 
 
-def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
+def candidates(gpu: str, nodes: int, fabric: network.Network, rate_: float,
                over: cluster.Overheads, divisions: tuple[str, ...],
                samples: float | None = None, global_batch: int | None = None,
                layerwise: bool = False) -> list[Candidate]:
@@ -162,33 +161,41 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
     from bertperf.config import reference_eval_interval
     from bertperf.mlperf.rcp import reference_for
 
-    gpus = nodes * fabric.gpus_per_node
-    memory = cluster.GPUS[gpu].memory_gb / 80
+    from bertperf.train.comm import MODES
+
+    world = nodes * fabric.gpus_per_node
+    memory = gpus.GPUS[gpu].memory_gb / 80
     largest = {layout: max(1, int(MAX_BATCH[layout] * memory)) for layout in MAX_BATCH}
-    buckets = len(scale.gradient_buckets())
+    buckets = len(bert.gradient_buckets())
+    priced, seen = [], set()
+    for name, mode in MODES.items():  # one of each way of pricing
+        key = (mode.family, mode.element_bytes, mode.division, mode.samples_factor)
+        if mode.family in PRICED and key not in seen:
+            seen.add(key)
+            priced.append(name)
+    ways = [(MODES[m].division, m, sharded, False) for m in priced
+            for sharded in ((False, True) if not MODES[m].hooked else (False,))]
+    if layerwise:
+        ways += [(OPEN, m, False, True) for m in priced if not MODES[m].stateful]
     out = []
-    for bs in [global_batch] if global_batch is not None else global_batches(gpus, largest):
+    for bs in [global_batch] if global_batch is not None else global_batches(world, largest):
         mean = reference_for(bs).mean
         for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR)):
-            rows, left = divmod(bs, packing * gpus)
+            rows, left = divmod(bs, packing * world)
             if left or not rows:
                 continue
             shape_split = split(rows, largest[layout])
             if shape_split is None:
                 continue
             batch, accumulation = shape_split
-            modes = [(CLOSED, "allreduce", False, False), (CLOSED, "allreduce", True, False)]
-            modes += [(OPEN, m, False, False) for m in OPEN_COMMS]
-            if layerwise:
-                modes += [(OPEN, m, False, True) for m in ("allreduce", *OPEN_COMMS)]
-            for division, mode, sharded, staged in modes:
+            for division, mode, sharded, staged in ways:
                 if division not in divisions:
                     continue
                 shape = cluster.Shape(gpu, nodes, fabric, batch, accumulation, packing,
                                       blocks=1 if sharded else buckets,
-                                      gradient_bytes=4 if mode == "allreduce" else 2,
-                                      optimizer_share=1 / gpus if sharded else 1.0)
-                trained = samples or mean * scale.SAMPLES_FACTOR[mode]
+                                      gradient_bytes=MODES[mode].element_bytes,
+                                      optimizer_share=1 / world if sharded else 1.0)
+                trained = samples or mean * MODES[mode].samples_factor
                 evals = trained / reference_eval_interval(bs)
                 if staged:
                     prediction = cluster.staged(shape, rate_, over, trained, evals,
@@ -208,39 +215,30 @@ def candidates(gpu: str, nodes: int, fabric: cluster.Fabric, rate_: float,
     return sorted(unique, key=lambda c: c.seconds)
 
 
-NETWORKS = {"A100 40GB SXM": "dgx-a100", "A100 80GB SXM": "dgx-a100",
-            "H100 80GB SXM": "dgx-h100", "H100 96GB SXM": "dgx-h100", "H200 141GB SXM": "dgx-h100",
-            "B200 180GB SXM": "dgx-b200", "GB200 186GB": "gb200-nvl72"}
-"""The network a GPU's nodes have when --network is not given: its DGX's (GB200: an NVL72 rack).
-A PCIe GPU has none: --network names it."""
-
-
-def fabric_of(args: argparse.Namespace) -> cluster.Fabric:
+def fabric_of(args: argparse.Namespace) -> network.Network:
     if args.network is None:
-        if args.gpu not in NETWORKS:
+        args.network = gpus.GPUS[args.gpu].network
+        if args.network is None:
             raise UserError(f"--gpu {args.gpu!r} comes in no DGX: name its --network (one of "
-                            f"{', '.join(cluster.FABRICS)}, or custom)")
-        args.network = NETWORKS[args.gpu]
-    if args.network not in cluster.FABRICS and args.network != "custom":
+                            f"{', '.join(network.FABRICS)}, or custom)")
+    if args.network not in network.FABRICS and args.network != "custom":
         raise UserError(f"--network {args.network!r}: expected one of "
-                        f"{', '.join(cluster.FABRICS)} or custom")
+                        f"{', '.join(network.FABRICS)} or custom")
     if args.network == "custom":
         if args.nic_gbit is None:
             raise UserError("--network custom needs --nic-gbit (and --nics-per-node, "
                             "--link-gbps)")
-        base = cluster.FABRICS["pcie-10gbe"]
+        base = network.FABRICS["pcie-10gbe"]
         fabric = replace(base, nic=_positive("nic-gbit", args.nic_gbit) * 1e9 / 8,
                          nics_per_node=int(_positive("nics-per-node", args.nics_per_node)),
                          nvlink=_positive("link-gbps", args.link_gbps) * 1e9,
                          alpha_net=_positive("latency-us", args.latency_us) * 1e-6,
                          sharp=False, name="custom")
     else:
-        fabric = cluster.FABRICS[args.network]
+        fabric = network.FABRICS[args.network]
     if args.gpus_per_node is not None:
-        per_node = int(_positive("gpus-per-node", args.gpus_per_node))
-        domain = per_node if fabric.nvlink_domain == fabric.gpus_per_node else \
-            fabric.nvlink_domain
-        fabric = replace(fabric, gpus_per_node=per_node, nvlink_domain=domain)
+        fabric = replace(fabric, gpus_per_node=int(_positive("gpus-per-node",
+                                                             args.gpus_per_node)))
     return fabric
 
 
@@ -256,22 +254,24 @@ def _positive(name: str, text) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True,
-                   help=f"the GPU: one of {', '.join(cluster.GPUS)}")
+                   help=f"the GPU: one of {', '.join(gpus.GPUS)}")
     p.add_argument("--gpus", required=True, help="GPUs in all")
     p.add_argument("--network", default=None,
-                   help=f"one of {', '.join(cluster.FABRICS)}, or custom (then --nic-gbit, "
-                        "--nics-per-node, --link-gbps, --latency-us) (default: the GPU's DGX, "
-                        "NETWORKS)")
+                   help=f"one of {', '.join(network.FABRICS)}, or custom (then --nic-gbit, "
+                        "--nics-per-node, --link-gbps, --latency-us) (default: the GPU's DGX or "
+                        "rack, perfmodel/gpus.py)")
     p.add_argument("--gpus-per-node", default=None,
                    help="GPUs a node (default: the network's)")
     p.add_argument("--nic-gbit", default=None, help="custom: a NIC's Gb/s")
     p.add_argument("--nics-per-node", default="1", help="custom: NICs a node (default 1)")
-    p.add_argument("--link-gbps", default=str(scale.PCIE4_X16 / 1e9),
+    p.add_argument("--link-gbps", default=str(gpus.PCIE4_X16 / 1e9),
                    help="custom: the GPUs' link in a node, GB/s a direction (default PCIe 4.0 "
                         "x16)")
-    p.add_argument("--latency-us", default=str(cluster.Fabric.alpha_net * 1e6),
+    p.add_argument("--latency-us", default=str(network.ALPHA_NET_US),
                    help="custom: microseconds a step of a ring on the network (default NCCL's)")
-    p.add_argument("--precision", default="bf16", help="bf16 (default) or fp8 (FP8=1)")
+    p.add_argument("--precision", default="bf16",
+                   help=f"bf16 (default) or fp8 (FP8=1; GPUs with FP8 tensor cores: "
+                        f"{', '.join(fp8_gpus())})")
     p.add_argument("--division", default="both", help="closed, open or both (default)")
     p.add_argument("--global-batch", default=None,
                    help="only this global batch (up to the largest RCP row's)")
@@ -294,8 +294,8 @@ def run(args: argparse.Namespace) -> int:
     from bertperf.mlperf.rcp import reference_for
     from bertperf.perfmodel import validate
 
-    if args.gpu not in cluster.GPUS:
-        raise UserError(f"--gpu {args.gpu!r}: expected one of {', '.join(cluster.GPUS)}")
+    if args.gpu not in gpus.GPUS:
+        raise UserError(f"--gpu {args.gpu!r}: expected one of {', '.join(gpus.GPUS)}")
     if args.precision not in PRECISIONS:
         raise UserError(f"--precision {args.precision!r}: expected bf16 or fp8")
     divisions = {"closed": (CLOSED,), "open": (OPEN,), "both": (CLOSED, OPEN)}.get(args.division)
@@ -304,9 +304,9 @@ def run(args: argparse.Namespace) -> int:
     if args.layerwise not in (LAYERWISE_RUN, "none"):
         raise UserError(f"--layerwise {args.layerwise!r}: expected {LAYERWISE_RUN} or none")
     fabric = fabric_of(args)
-    gpus = int(_positive("gpus", args.gpus))
-    nodes, left = divmod(gpus, fabric.gpus_per_node)
-    if left or gpus != float(args.gpus):
+    world = int(_positive("gpus", args.gpus))
+    nodes, left = divmod(world, fabric.gpus_per_node)
+    if left or world != float(args.gpus):
         raise UserError(f"--gpus {args.gpus}: not a whole number of nodes of "
                         f"{fabric.gpus_per_node} GPUs (--gpus-per-node)")
     samples = None if args.samples is None else _positive("samples", args.samples)
@@ -321,16 +321,20 @@ def run(args: argparse.Namespace) -> int:
     rate_, source = rate(args.gpu, args.precision, calibrations, over)
     found = candidates(args.gpu, nodes, fabric, rate_, over, divisions, samples, batch,
                        layerwise=args.layerwise != "none" and OPEN in divisions)
+    if not found and divisions == (OPEN,) and args.layerwise == "none":
+        raise UserError("--division open --layerwise none: every GRAD_COMM mode plan prices "
+                        "runs in the closed division, so none is the open division's own (use "
+                        "--division closed or both)")
     if not found:
         which = f"global batch {batch}" if batch else "the RCP checker's global batches"
-        raise UserError(f"{gpus} GPUs divide none of {which} into whole micro-batches (RCP "
+        raise UserError(f"{world} GPUs divide none of {which} into whole micro-batches (RCP "
                         "rows: mlperf/rcp.py): try another --gpus")
     fastest = {d: next((c for c in found if c.division == d), None) for d in divisions}
     command = " ".join(["python -m bertperf", *sys.argv[1:]])
     print(f"PLAN (a model, not a measurement): `{command}`, {datetime.date.today()}")
-    print(f"cluster: {nodes} x {fabric.gpus_per_node} {args.gpu} ({gpus} GPUs), "
+    print(f"cluster: {nodes} x {fabric.gpus_per_node} {args.gpu} ({world} GPUs), "
           f"{fabric.name or 'custom'}: {fabric.nvlink / 1e9:g} GB/s a GPU in its "
-          f"{fabric.nvlink_domain}-GPU link domain, {fabric.nics_per_node} x "
+          f"{fabric.domain}-GPU link domain, {fabric.nics_per_node} x "
           f"{fabric.nic * 8 / 1e9:g} Gb/s NICs a node{', SHARP' if fabric.sharp else ''}")
     print(f"rate: {rate_:,.0f} sequences/s a GPU at PRECISION={args.precision} ({source}; NVIDIA's "
           f"MLPerf code, not this trainer's, which no GPU has measured); overheads "
@@ -340,7 +344,8 @@ def run(args: argparse.Namespace) -> int:
           "the RCP checker's reference at the batch (mlperf_logging's code, as the package "
           f"checker runs it, ruleset {RULESET}): "
           + (reference.how if reference else "a row's olympic mean, or interpolated between "
-             "the rows around it") + "; open modes times model scale's SAMPLES_FACTOR"))
+             "the rows around it") + "; times the GRAD_COMM mode's samples factor "
+          "(train/comm.py, measured on the demo)"))
     if any(c.layerwise for c in found):
         train, stages = layerwise_stages()
         print(f"LAYERWISE {LAYERWISE_RUN} (LAYERWISE_TRAIN={train}, restart): stages of "
@@ -356,8 +361,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {c.division} | {c.global_batch:,} | {c.layout} | {c.batch} x "
               f"{c.accumulation} | {c.grad_comm} | {int(c.sharded)} | "
               f"{LAYERWISE_RUN if c.layerwise else '-'} | {c.samples:,.0f} | "
-              f"{c.prediction.step_seconds * 1e3:,.1f} | {_duration(c.seconds)} | "
-              f"{c.seconds * gpus / 3600:,.1f} | {c.prediction.dominant} | {mark} |")
+              f"{c.prediction.step_seconds * 1e3:,.1f} | {duration(c.seconds)} | "
+              f"{c.seconds * world / 3600:,.1f} | {c.prediction.dominant} | {mark} |")
     if args.write:
         system = args.system or "".join(ch for ch in args.gpu.split()[0] if ch.isalnum())
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", system):
@@ -379,12 +384,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
 def config_name(system: str, nodes: int, per_node: int, c: Candidate) -> str:
     return (f"config_{system}_{nodes}x{per_node}x{c.batch}x{c.accumulation}"
             f"{'_pack' if c.layout == 'packed' else ''}{'_' + LAYERWISE_RUN if c.layerwise else ''}"
@@ -392,12 +391,13 @@ def config_name(system: str, nodes: int, per_node: int, c: Candidate) -> str:
             ".sh")
 
 
-def write_config(path: Path, gpu: str, nodes: int, fabric: cluster.Fabric, c: Candidate,
+def write_config(path: Path, gpu: str, nodes: int, fabric: network.Network, c: Candidate,
                  precision: str, command: str) -> None:
     """The candidate as the config file `path` (beside a config_common.sh), written under a
     temporary name and renamed."""
     from bertperf.formats.files import atomic_output
     from bertperf.mlperf.rcp import nearest_point
+    from bertperf.train.comm import MODES
 
     point = nearest_point(c.global_batch)
     unit = "rows" if c.layout == "packed" else "sequences"
@@ -408,7 +408,7 @@ def write_config(path: Path, gpu: str, nodes: int, fabric: cluster.Fabric, c: Ca
          f"{c.accumulation} accumulation = global batch {c.global_batch}"
          f"{f' ({PACKING_FACTOR} sequences a row)' if c.layout == 'packed' else ''}."),
         (f"# Written by `{command}` on {datetime.date.today()}: the {c.division} division's "
-         f"fastest candidate, predicted {_duration(c.seconds)} to train"),
+         f"fastest candidate, predicted {duration(c.seconds)} to train"),
         (f"# (a model, not a measurement). Hyperparameters: the ruleset {RULESET} RCP row BS "
          f"{point.bs}" + ("" if point.bs == c.global_batch else
                           " (the nearest row; tune them for this batch)")
@@ -427,7 +427,9 @@ def write_config(path: Path, gpu: str, nodes: int, fabric: cluster.Fabric, c: Ca
     if precision == "fp8":
         lines += ["export FP8=1"]
     if c.division == OPEN:
-        lines += ["export SUBMISSION_DIVISION=open", f"export GRAD_COMM={c.grad_comm}"]
+        lines += ["export SUBMISSION_DIVISION=open"]
+    if MODES[c.grad_comm].hooked:
+        lines += [f"export GRAD_COMM={c.grad_comm}"]
     if c.layerwise:
         train, _ = layerwise_stages()
         lines += [f"export LAYERWISE={c.layerwise}", f"export LAYERWISE_TRAIN={train}",

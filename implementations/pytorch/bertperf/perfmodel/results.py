@@ -171,7 +171,7 @@ class Result:
     nodes: int
     gpus_per_node: int
     gpu: str
-    """The GPU's name as the model's tables spell it (cluster.GPUS: the model says which it
+    """The GPU's name as the model's tables spell it (perfmodel/gpus.py: the model says which it
     knows; test_model_cluster checks every row's)."""
     nvlink_domain: int
     """GPUs joined by NVLink/NVSwitch (a PCIe node's GPUs: all of its GPUs, on PCIe)."""

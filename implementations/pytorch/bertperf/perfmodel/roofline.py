@@ -53,7 +53,7 @@ import re
 import sys
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -62,6 +62,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from bertperf.perfmodel import gpus
 
 PACKAGE = Path(__file__).resolve().parents[1]
 aten = torch.ops.aten
@@ -120,55 +122,65 @@ class Gpu:
     """Fraction of fp8_flops an FP8 GEMM reaches."""
 
 
-A100, H100 = "A100 80GB SXM", "H100 80GB SXM"
-PEAKS = {A100: (312e12, 19.5e12, 2.039e12, 0.0), H100: (989e12, 67e12, 3.35e12, 1979e12)}
-"""(dense fp16/bf16 tensor, float32, bandwidth, dense FP8 tensor) from NVIDIA's datasheets: A100
-80GB SXM (312 TFLOP/s, 19.5 TFLOP/s, HBM2e 2,039 GB/s, no FP8); H100 SXM (1,979 TFLOP/s bf16
-with sparsity = 989 dense, 67 TFLOP/s, HBM3 3.35 TB/s, FP8 3,958 with sparsity = 1,979 dense)."""
+A100, H100 = gpus.A100, gpus.H100
 
 
-def _fraction(quantity: str, gpu: str, peak: float) -> float:
-    return anchors()[quantity, gpu].value / peak
+def _fraction(quantity: str, gpu: str, peak: str) -> float:
+    return anchors()[quantity, gpu].value / getattr(gpus.GPUS[gpu], peak)
 
 
-MATMUL_EFFICIENCY = {A100: _fraction("gemm", A100, PEAKS[A100][0]),
-                     H100: _fraction("gemm", H100, PEAKS[H100][0])}
+MATMUL_EFFICIENCY = {g: _fraction("gemm", g, "tensor_flops") for g in (A100, H100)}
 """Fraction of the fp16/bf16 tensor peak a cuBLAS GEMM reaches, from anchors.csv's gemm rows:
 A100 230 / 312 = 0.74 (fp16 matmul of square matrices up to 8192 in PyTorch, the table of
 github.com/mli/transformers-benchmarks); H100 790 / 989 = 0.80 (the developers' bf16 GEMM on one
 H100 SXM; a public 4224 x 8192 x 2048 run, Horace He's gist, gives 780). Every GEMM of the step
 is priced at it whatever its shape: BERT-large's (K = 1,024 or 4,096) are smaller than those."""
-FP8_EFFICIENCY = {H100: _fraction("gemm_fp8", H100, PEAKS[H100][3])}
+FP8_EFFICIENCY = {H100: _fraction("gemm_fp8", H100, "fp8_flops")}
 """Fraction of the dense FP8 peak an FP8 GEMM reaches: H100 1,550 / 1,979 = 0.78 (DeepGEMM's
 README: up to 1,550 TFLOP/s on an H800, whose FP8 peak is the H100 SXM's, at 1.0x cuBLASLt)."""
-ATTENTION_FORWARD_EFFICIENCY = {A100: _fraction("attention_forward", A100, PEAKS[A100][0]),
-                                H100: _fraction("attention_forward", H100, PEAKS[H100][0])}
+ATTENTION_FORWARD_EFFICIENCY = {g: _fraction("attention_forward", g, "tensor_flops")
+                                for g in (A100, H100)}
 """Fraction of the tensor peak FlashAttention-2's forward kernel reaches: A100 0.50 (the low end
 of the 50-73 % its paper, arXiv 2307.08691, reports; head dim 64 and 512-token sequences are
 where its benchmarks are lowest); H100 335 / 989 = 0.34 (the paper's best H100 figure, section
 4.1; FlashAttention-3's paper, arXiv 2407.08608: FlashAttention-2 reaches 35 % of an H100)."""
-ATTENTION_BACKWARD_EFFICIENCY = {A100: _fraction("attention_backward", A100, PEAKS[A100][0]),
-                                 H100: _fraction("attention_backward", H100, PEAKS[H100][0])}
+ATTENTION_BACKWARD_EFFICIENCY = {g: _fraction("attention_backward", g, "tensor_flops")
+                                 for g in (A100, H100)}
 """The same for the backward kernel: A100 0.50 (the same low end of the paper's range, which
 covers both passes: an upper bound at head dim 64 and 512 tokens rather than a point measurement);
 H100 0.34 (the paper's H100 figure is forward and backward together)."""
-MEMORY_EFFICIENCY = {A100: _fraction("bandwidth", A100, PEAKS[A100][2]),
-                     H100: _fraction("bandwidth", H100, PEAKS[H100][2])}
+MEMORY_EFFICIENCY = {g: _fraction("bandwidth", g, "bandwidth") for g in (A100, H100)}
 """Fraction of the bandwidth a memory-bound kernel (elementwise, LayerNorm, the Triton kernels,
 LAMB) reaches, from anchors.csv's bandwidth rows: A100 1.616 / 2.039 = 0.79 (an fp32 a * 1.2,
 0.202 TFLOP/s at 8 bytes an element, the micro-benchmark table of mli/transformers-benchmarks);
 H100 3.0 / 3.35 = 0.90 (the developers' copy on one H100 SXM)."""
 
 
-def _gpu(name: str) -> Gpu:
-    tensor, vector, bandwidth, fp8 = PEAKS[name]
-    return Gpu(name, tensor, vector, bandwidth, MATMUL_EFFICIENCY[name], MEMORY_EFFICIENCY[name],
-               ATTENTION_FORWARD_EFFICIENCY[name], ATTENTION_BACKWARD_EFFICIENCY[name], fp8,
-               FP8_EFFICIENCY.get(name, 0.0))
+def _gpu(g: gpus.Gpu) -> Gpu:
+    like = g.calibrated_on
+    return Gpu(g.name, g.tensor_flops, g.vector_flops, g.bandwidth, MATMUL_EFFICIENCY[like],
+               MEMORY_EFFICIENCY[like], ATTENTION_FORWARD_EFFICIENCY[like],
+               ATTENTION_BACKWARD_EFFICIENCY[like], g.fp8_flops,
+               FP8_EFFICIENCY.get(like, 0.0) if g.fp8_flops else 0.0)
 
 
-GPUS = (_gpu(A100), _gpu(H100))
-"""The GPUs the model prices (PEAKS and the calibrated efficiencies above)."""
+class _Priced(Mapping):
+    """perfmodel/gpus.py's GPUs by name, each as roofline prices it (read at each lookup: the
+    table is the one place a GPU is added)."""
+
+    def __getitem__(self, name: str) -> Gpu:
+        return _gpu(gpus.GPUS[name])
+
+    def __iter__(self):
+        return iter(gpus.GPUS)
+
+    def __len__(self) -> int:
+        return len(gpus.GPUS)
+
+
+GPUS = _Priced()
+"""Every GPU of perfmodel/gpus.py, its peaks at the calibrated efficiencies above (its
+kernels_like GPU's)."""
 LAUNCH_SECONDS = 5e-6
 """Eager PyTorch: host time to dispatch and launch one kernel (not calibrated)."""
 GRAPH_LAUNCH_SECONDS = 1e-6

@@ -27,6 +27,7 @@ from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 from bertperf.host import cpu_name
 from bertperf.perfmodel import TOLERANCE
+from bertperf.perfmodel.gpus import A100, H100
 
 MODEL_BATCH = 56
 MODEL_ACCUMULATION = {"varlen": 8, "packed": 4}
@@ -46,17 +47,32 @@ LR, MAX_STEPS = 4.25e-4, 6700
 the traced step is built with: the kernels of a step do not depend on them."""
 
 
+GPUS = (A100, H100)
+"""The GPUs priced by default (--gpu): the two with kernel measurements of their own."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """No flags: the step it prices is fixed (module docstring)."""
+    """The step it prices is fixed (module docstring); --gpu chooses the GPUs."""
+    from bertperf.perfmodel import gpus
+
+    p.add_argument("--gpu", default=",".join(GPUS),
+                   help=f"GPUs, comma-separated, of {', '.join(gpus.GPUS)} (default: "
+                        f"{','.join(GPUS)})")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from bertperf.perfmodel import gpus
+
+    chosen = [name.strip() for name in args.gpu.split(",")]
+    unknown = [name for name in chosen if name not in gpus.GPUS]
+    if unknown:
+        raise UserError(f"--gpu {unknown[0]!r}: expected one of {', '.join(gpus.GPUS)}")
     print(f"model step, {datetime.date.today()}: {cpu_name()}, "
           f"{platform.machine()} {platform.system()}; torch {torch.__version__}, Python "
           f"{platform.python_version()}")
-    print_model()
+    print_model(chosen)
     return 0
 
 
@@ -172,13 +188,15 @@ def trace_step(config, batch: Samples | Packed, fused: bool, build: Callable | N
 
 # ---- the table -----------------------------------------------------------------------------------
 
-def print_model() -> None:
-    """BERT-large's step on an A100 and an H100 (module docstring), then the H100 rates beside
-    NVIDIA's (the A100 check of the calibration is model scale's: scale.calibration)."""
+def print_model(names: list[str]) -> None:
+    """BERT-large's step on each GPU of `names` (module docstring), then, with the H100 among
+    them, its rates beside NVIDIA's (the A100 check of the calibration is model scale's:
+    scale.calibration)."""
     from bertperf.model import BertConfig
     from bertperf.model.flops import train_flops
     from bertperf.perfmodel import roofline
 
+    chosen = [roofline.GPUS[name] for name in names]
     config = BertConfig.large()
     t0 = time.perf_counter()
     steps = model_steps()
@@ -225,11 +243,11 @@ def print_model() -> None:
           f"{optimizers[True]} with them; attention as FlashAttention-2 varlen; a kernel takes "
           "max(FLOPs / rate, bytes / bandwidth, launch), at fractions of the datasheet peaks "
           "calibrated on published kernel measurements (perfmodel/anchors.csv): "
-          + "; ".join(f"{g.name.split()[0]} GEMMs {g.matmul_efficiency:.0%}"
+          + "; ".join(f"{g.name} GEMMs {g.matmul_efficiency:.0%}"
                       + (f" (FP8 {g.fp8_efficiency:.0%} of its FP8 peak)" if g.fp8_flops else "")
                       + f", attention {g.attention_forward_efficiency:.0%} forward and "
                       f"{g.attention_backward_efficiency:.0%} backward, memory "
-                      f"{g.memory_efficiency:.0%} of the bandwidth" for g in roofline.GPUS)
+                      f"{g.memory_efficiency:.0%} of the bandwidth" for g in chosen)
           + f"; launch {roofline.LAUNCH_SECONDS * 1e6:.0f} us (CUDA graphs: "
           f"{roofline.GRAPH_LAUNCH_SECONDS * 1e6:.0f} us); MFU = model FLOP/s on real tokens / "
           "the GPU's dense bf16 peak")
@@ -238,12 +256,12 @@ def print_model() -> None:
     per_sequence = train_flops(config, v.lengths, int(v.mlm_counts.sum())) / len(v)
     sequences = {"varlen": len(v), "packed": MODEL_BATCH * MLPERF_PACKING}
     rates = {}
-    for gpu in roofline.GPUS:
+    for gpu in chosen:
         base = MODEL_ACCUMULATION["varlen"] * len(v) \
             / roofline.step_cost(plain, gpu, MODEL_ACCUMULATION["varlen"]).seconds
         for label, layout, ops, graphs in rows:
-            if " + " in label and "plain" in label and gpu is not roofline.GPUS[-1]:
-                continue  # each kernel's share: on the H100 only
+            if " + " in label and "plain" in label and gpu is not chosen[-1]:
+                continue  # each kernel's share: on the last GPU only
             if "FP8" in label and not gpu.fp8_flops:
                 continue
             cost = roofline.step_cost(ops, gpu, MODEL_ACCUMULATION[layout], graphs)
@@ -253,8 +271,10 @@ def print_model() -> None:
             print(f"| {gpu.name} | {label} | {cost.launches:,} | {cost.bytes / 1e9:,.1f} | "
                   f"{cost.seconds * 1e3:,.1f} | {rate:,.0f} | {mfu:.0%} | {rate / base:.2f}x |")
     print("(a model, not a measurement: `make gpu-check` measures the real thing)")
-    nvidia = roofline.anchors()["mlperf_fp8", roofline.H100]
-    h100, where = roofline.H100, nvidia.source.split(" (")[0]
+    if H100 not in names:
+        return
+    nvidia = roofline.anchors()["mlperf_fp8", H100]
+    h100, where = H100, nvidia.source.split(" (")[0]
     print("calibration checked on the A100 by `python -m bertperf model scale` (NVIDIA's MLPerf "
           "1xDGX A100 rows, the line under its table; tests/unit/test_model_scale.py holds it "
           f"within {TOLERANCE * 100:.0f} %); the H100 (bf16 and FP8 predicted, one "

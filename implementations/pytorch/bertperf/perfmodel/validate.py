@@ -32,7 +32,9 @@ from pathlib import Path
 
 from bertperf.errors import UserError
 from bertperf.formats.outputs import claim
-from bertperf.perfmodel import TOLERANCE, cluster
+from bertperf.perfmodel import TOLERANCE, bert, cluster, gpus
+from bertperf.perfmodel.network import Network
+from bertperf.perfmodel.timing import duration
 
 SPLITS = ("generation", "round")
 FIT_GPUS = ("A100 40GB SXM", "A100 80GB SXM")
@@ -49,8 +51,8 @@ def fits(r) -> bool:
 
 def shape_of(r) -> cluster.Shape:
     """A published result's shape (a results.Result)."""
-    fabric = cluster.Fabric(r.gpus_per_node, r.nvlink_domain, r.nvlink_gbps * 1e9,
-                            r.nics_per_node, r.nic_gbit * 1e9 / 8, r.sharp)
+    fabric = Network(r.gpus_per_node, r.nvlink_gbps * 1e9, r.nic_gbit * 1e9 / 8,
+                     r.nics_per_node, nvlink_domain=r.nvlink_domain, sharp=r.sharp)
     return cluster.Shape(r.gpu, r.nodes, fabric, r.batch, r.accumulation, r.packing_factor,
                          cluster.NVIDIA_OVERLAP_BLOCKS if r.overlap else 1)
 
@@ -92,21 +94,25 @@ def rate_of(c, over: cluster.Overheads) -> float:
     return cluster.calibrated_rate(shape_of(c), over, c.samples, c.evals, c.minutes * 60)
 
 
-REFERENCE = ("A100 80GB SXM", "fp16")
-"""The calibration a GPU without one of its own is scaled from, by roofline's speedup."""
+REFERENCE = (gpus.A100, "fp16")
+"""The calibration a GPU without one of its own (nor its kernels_like GPU) is scaled from, by
+roofline's speedup."""
 
 
 def rate_for(r, calibrations: dict, over: cluster.Overheads) -> tuple[float, str]:
     """The rate row `r`'s GPU runs at and where it comes from: its (GPU, precision)'s
-    calibration; else that GPU's calibration in another precision, else REFERENCE's, times
-    roofline's speedup between the two (cluster.roofline_speedup); nan: none."""
+    calibration; else that GPU's calibration in another precision, else that of the GPU whose
+    kernel efficiencies it is priced at (gpus.Gpu.kernels_like: its precision first), else
+    REFERENCE's, times roofline's speedup between the two (bert.roofline_speedup); nan: none."""
     key = (r.gpu, r.precision)
     c = calibrator(r, calibrations, key)
     if c is not None:
         return rate_of(c, over), label(c)
-    others = [k for k in calibrations if k[0] == r.gpu] + [REFERENCE]
+    like = gpus.GPUS[r.gpu].calibrated_on if r.gpu in gpus.GPUS else r.gpu
+    others = [k for k in calibrations if k[0] == r.gpu] + [(like, r.precision)] \
+        + [k for k in calibrations if k[0] == like] + [REFERENCE]
     for other in others:
-        speedup = cluster.roofline_speedup(other, key)
+        speedup = bert.roofline_speedup(other, key)
         c = calibrator(r, calibrations, other)
         if speedup and c is not None:
             return rate_of(c, over) * speedup, \
@@ -116,8 +122,8 @@ def rate_for(r, calibrations: dict, over: cluster.Overheads) -> tuple[float, str
 
 def unseen(r) -> str | None:
     """Why the model cannot describe row `r`, or None."""
-    if r.gpu not in cluster.GPUS:
-        return f"no datasheet figures of its GPU ({r.gpu}) in cluster.GPUS"
+    if r.gpu not in gpus.GPUS:
+        return f"no datasheet figures of its GPU ({r.gpu}) in perfmodel/gpus.py"
     if r.division != "closed":
         return "open division: its own optimizer and code, not NVIDIA's closed recipe"
     if r.gpus > r.nvlink_domain and r.nics_per_node == 0:
@@ -248,10 +254,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace --plot where it is an earlier PNG (never another file)")
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.2f} min"
-
-
 def run(args: argparse.Namespace) -> int:
     from bertperf.perfmodel import results
 
@@ -282,8 +284,8 @@ def run(args: argparse.Namespace) -> int:
         r, p = j.row, j.prediction
         logged = "-" if r.eval_seconds is None else f"{r.eval_seconds:.1f}"
         print(f"| {label(r)} | {r.gpus:,} | {r.gpu} | {r.global_batch:,} | "
-              f"{_duration(r.minutes * 60)} | "
-              f"{'-' if p is None else _duration(p.seconds)} | "
+              f"{duration(r.minutes * 60)} | "
+              f"{'-' if p is None else duration(p.seconds)} | "
               f"{'-' if p is None else f'{j.ratio:.2f}'} | {j.side} | {j.fitted_on} | "
               f"{'-' if p is None else p.dominant} | "
               f"{logged} / {'-' if p is None else format(p.terms['evals'], '.1f')} |")

@@ -83,6 +83,11 @@ class Facts:
         return warmup_end(self.cfg.optim)
 
     @cached_property
+    def mode(self) -> comm.Mode:
+        """GRAD_COMM's mode."""
+        return comm.MODES[self.o.grad_comm]
+
+    @cached_property
     def comm_start(self) -> int:
         return comm.comm_start(self.cfg)
 
@@ -169,7 +174,7 @@ REFUSED: tuple[Refusal, ...] = (
             and f.cfg.checkpoint.checkpoint_dir is None,
             lambda f: "RESUME_FROM=auto needs CHECKPOINT_DIR (--checkpoint-dir)"),
     Refusal("grad_comm_outside_open", SETTINGS,
-            lambda f: f.o.grad_comm != "allreduce" and f.t.submission_division != OPEN,
+            lambda f: f.mode.division == OPEN and f.t.submission_division != OPEN,
             lambda f: f"GRAD_COMM={f.o.grad_comm} is an open-division method: set "
                       f"SUBMISSION_DIVISION=open (not {f.t.submission_division})"),
     Refusal("target_in_closed", SETTINGS,
@@ -231,35 +236,35 @@ REFUSED: tuple[Refusal, ...] = (
                       "per-tensor LAMB's first gradients among them): FLAT_LAMB=1, or auto with "
                       "FUSED_KERNELS auto or 1 and Triton installed"),
     Refusal("grad_comm_with_sharded_lamb", SETTINGS,
-            lambda f: f.o.grad_comm != "allreduce" and f.o.sharded_lamb,
+            lambda f: f.mode.hooked and f.o.sharded_lamb,
             lambda f: f"GRAD_COMM={f.o.grad_comm} is a DDP communication hook, and "
                       "SHARDED_LAMB=1 has no DDP (it reduce-scatters at the step): set "
                       "GRAD_COMM=allreduce or SHARDED_LAMB=0"),
     Refusal("grad_comm_with_bucket_clip", SETTINGS,
-            lambda f: f.o.grad_comm != "allreduce" and f.o.clip_before_allreduce,
+            lambda f: f.mode.hooked and f.o.clip_before_allreduce,
             lambda f: f"GRAD_COMM={f.o.grad_comm} and CLIP_BEFORE_ALLREDUCE=1 are both DDP "
                       "communication hooks and DDP takes one: set CLIP_BEFORE_ALLREDUCE=0 (the "
                       "step clips the decompressed average)"),
     Refusal("stateful_grad_comm_with_layerwise", SETTINGS,
-            lambda f: f.o.grad_comm != "allreduce" and comm.MODES[f.o.grad_comm].stateful
-            and f.cfg.layerwise.layerwise is not None,
+            lambda f: f.mode.stateful and f.cfg.layerwise.layerwise is not None,
             lambda f: f"GRAD_COMM={f.o.grad_comm} keeps per-bucket state that a LAYERWISE "
-                      "stage's new DDP buckets would not match: use GRAD_COMM=allreduce, bf16 "
-                      "or fp16 with LAYERWISE"),
+                      "stage's new DDP buckets would not match: use a GRAD_COMM that keeps none "
+                      f"({', '.join(n for n, m in comm.MODES.items() if not m.stateful)}) with "
+                      "LAYERWISE"),
     Refusal("powersgd_with_fp16", SETTINGS,
-            lambda f: f.o.grad_comm.startswith("powersgd") and f.t.precision == "fp16",
+            lambda f: f.mode.family == "powersgd" and f.t.precision == "fp16",
             lambda f: f"GRAD_COMM={f.o.grad_comm} with PRECISION=fp16: an overflowed step's inf "
                       "would stay in PowerSGD's error feedback for good: use PRECISION=bf16 or "
                       "fp32"),
     Refusal("powersgd_before_warmup_end", SETTINGS,
-            lambda f: f.o.grad_comm.startswith("powersgd") and f.o.powersgd_start is not None
+            lambda f: f.mode.family == "powersgd" and f.o.powersgd_start is not None
             and f.o.powersgd_start < max(2, f.warmup_end),
             lambda f: f"POWERSGD_START={f.o.powersgd_start} is before the end of the LR warm-up "
                       f"(step {max(2, f.warmup_end)}; and PowerSGD's error feedback needs 2 plain "
                       f"steps): compress from step {max(2, f.warmup_end)} or later (unset: from "
                       "there)"),
     Refusal("localsgd_period_beyond_run", SETTINGS,
-            lambda f: f.o.grad_comm == "localsgd"
+            lambda f: f.mode.family == "localsgd"
             and f.o.localsgd_period >= f.o.max_steps - f.comm_start,
             lambda f: f"LOCALSGD_PERIOD={f.o.localsgd_period}: the ranks step alone for the last "
                       f"{f.o.max_steps - f.comm_start} of MAX_STEPS={f.o.max_steps} steps (from "
@@ -276,7 +281,7 @@ REFUSED: tuple[Refusal, ...] = (
                       f"ends at step {f.warmup_end}, not before MAX_STEPS={f.o.max_steps}: the LR "
                       f"would never reach its peak, LR={f.o.lr:g}"),
     Refusal("powersgd_rank_compresses_nothing", DATA,
-            lambda f: f.o.grad_comm.startswith("powersgd")
+            lambda f: f.mode.family == "powersgd"
             and f.o.powersgd_rank > f.compressing_rank,
             lambda f: f"POWERSGD_RANK={f.o.powersgd_rank}: PowerSGD sends a gradient as P and Q "
                       f"only where they are {comm.MIN_COMPRESSION_RATE}x smaller than it, and "

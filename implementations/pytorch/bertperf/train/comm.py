@@ -1,8 +1,9 @@
-"""GRAD_COMM: compressed and infrequent gradient exchange for slow networks (open division), built
-from what torch ships in torch.distributed.algorithms: DDP communication hooks (bf16/fp16
-compression, PowerSGD with error feedback and warm start, post-local SGD) and the periodic model
-averager. `train/parallel.py` makes one REDUCTIONS entry of each (`Comm.install` registers the
-hook on the DDP model; `Comm.after_step` runs after each optimizer step: local SGD's parameter
+"""GRAD_COMM: compressed and infrequent gradient exchange for slow networks (bf16 and fp16 in
+either division, the others open division only: Mode.division), built from what torch ships in
+torch.distributed.algorithms: DDP communication hooks (bf16/fp16 compression, PowerSGD with
+error feedback and warm start, post-local SGD) and the periodic model averager.
+`train/parallel.py` reduces through a hooked mode's Comm (`Comm.install` registers the hook on
+the DDP model; `Comm.after_step` runs after each optimizer step: local SGD's parameter
 averaging); `Traffic` counts the bytes each rank hands to collectives, for every reduction.
 
 What a rank sends is counted as the size of the tensors it hands to all-reduces (a reduce-scatter
@@ -24,6 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (Post
                                                                             post_localSGD_hook)
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
+from bertperf.benchmark import CLOSED, OPEN
 from bertperf.optim import warmup_end
 
 
@@ -48,12 +50,11 @@ def grad_bytes(params: list[torch.nn.Parameter]) -> int:
 
 
 def comm_start(cfg: Any) -> int:
-    """The step from which GRAD_COMM's method runs: POWERSGD_START (default: the end of the LR
-    warm-up, at least 2) or LOCALSGD_START (default: the end of the LR warm-up)."""
-    o = cfg.optim
-    if o.grad_comm.startswith("powersgd"):
-        return o.powersgd_start if o.powersgd_start is not None else max(2, warmup_end(o))
-    return o.localsgd_start if o.localsgd_start is not None else warmup_end(o)
+    """The step from which GRAD_COMM's method runs: 0, or for a mode that waits (Mode.start) its
+    setting (POWERSGD_START, LOCALSGD_START), by default the end of the LR warm-up (at least
+    Mode.earliest)."""
+    o, mode = cfg.optim, MODES[cfg.optim.grad_comm]
+    return mode.first_step(getattr(o, mode.start) if mode.start else None, warmup_end(o))
 
 
 class Comm:
@@ -256,16 +257,53 @@ class LocalSGD(Comm):
 
 @dataclass(frozen=True)
 class Mode:
-    """A GRAD_COMM mode: its Comm class and the arguments the mode adds to (cfg, traffic,
-    start)."""
+    """A GRAD_COMM mode: its Comm class, the arguments the mode adds to (cfg, traffic, start),
+    and the facts the rules (train/allowed.py) and the performance model (perfmodel/) read."""
 
-    cls: type[Comm]
+    cls: type[Comm] | None
+    """Its hook's class; None: DDP's own all-reduce."""
     options: dict[str, Any] = field(default_factory=dict)
+    family: str = "allreduce"
+    """How it reduces, so how a cost model prices it: allreduce (every bucket all-reduced, each
+    element in element_bytes), powersgd (P, Q and the tensors sent whole, all-reduced, and the
+    compression's compute), localsgd (the node's all-reduce; the parameters averaged over all
+    ranks every LOCALSGD_PERIOD steps)."""
+    element_bytes: int = 4
+    """Bytes an element of what it hands to collectives: 4 (float32), 2 (bf16, fp16)."""
+    start: str | None = None
+    """The setting (config.OptimConfig field) of the step it starts from, plain all-reduce
+    before; None: from the first step."""
+    earliest: int = 0
+    """The earliest step it may start from, whatever the LR warm-up."""
+    division: str = OPEN
+    """The division it may run in: closed where it only rounds what the all-reduce carries to a
+    format MLPerf's closed division pre-approves (fp32, bf16, fp16: MLPerf Training rules,
+    "Numerical formats"), open where it changes the optimizer's arithmetic."""
+    samples_factor: float = 1.0
+    """Samples to the target against allreduce's, measured on the demo by `bench comm`
+    (docs/slow_networks.md), not on BERT-large: what the performance model trains it for."""
 
     @property
     def stateful(self) -> bool:
         """It keeps state across steps (a checkpoint part)."""
-        return self.cls.stateful
+        return self.cls is not None and self.cls.stateful
+
+    @property
+    def hooked(self) -> bool:
+        """A DDP communication hook (not DDP's own all-reduce)."""
+        return self.cls is not None
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The settings of its own it reads."""
+        return self.cls.reads if self.cls is not None else ()
+
+    def first_step(self, given: int | None, warmup_end: int) -> int:
+        """The step it starts from: 0 for a mode that does not wait; else its setting's value
+        `given`, by default the end of the LR warm-up (at least `earliest`)."""
+        if self.start is None:
+            return 0
+        return given if given is not None else max(self.earliest, warmup_end)
 
     def __call__(self, cfg: Any, traffic: Traffic, start: int) -> Comm:
         """The mode on this rank."""
@@ -273,28 +311,31 @@ class Mode:
 
 
 MODES = {
-    "bf16": Mode(Compress, {"dtype": torch.bfloat16}),
-    "fp16": Mode(Compress, {"dtype": torch.float16}),
-    "powersgd": Mode(PowerSGD, {"bf16": False}),
-    "powersgd_bf16": Mode(PowerSGD, {"bf16": True}),
-    "localsgd": Mode(LocalSGD),
+    "allreduce": Mode(None, division=CLOSED),
+    "bf16": Mode(Compress, {"dtype": torch.bfloat16}, element_bytes=2, division=CLOSED),
+    "fp16": Mode(Compress, {"dtype": torch.float16}, element_bytes=2, division=CLOSED),
+    "powersgd": Mode(PowerSGD, {"bf16": False}, family="powersgd", start="powersgd_start",
+                     earliest=2, samples_factor=1.33),
+    "powersgd_bf16": Mode(PowerSGD, {"bf16": True}, family="powersgd", element_bytes=2,
+                          start="powersgd_start", earliest=2, samples_factor=1.33),
+    "localsgd": Mode(LocalSGD, family="localsgd", start="localsgd_start"),
 }
-"""GRAD_COMM's modes other than allreduce, keyed by config.GRAD_COMMS's names: a new mode is an
-entry here and its name there."""
+"""GRAD_COMM's modes, keyed by config.GRAD_COMMS's names: a new mode is an entry here and its
+name there. Samples factors: powersgd and powersgd_bf16 1.33x, the others 1.0x (bench comm on
+the demo)."""
 
 
 def warnings(cfg: Any) -> list[str]:
     """A mode's own setting (Comm.reads) changed from its default while GRAD_COMM is a mode
     that does not read it: it has no effect (train.checks.run_warnings)."""
     from bertperf.config import tunables
-    chosen = MODES.get(cfg.optim.grad_comm)
-    read = set(chosen.cls.reads) if chosen else set()
+    read = set(MODES[cfg.optim.grad_comm].reads)
     out = []
-    for name in sorted({n for mode in MODES.values() for n in mode.cls.reads} - read):
+    for name in sorted({n for mode in MODES.values() for n in mode.reads} - read):
         section, f = next((sec, f) for sec, f in tunables() if f.metadata["env"] == name)
         value = getattr(getattr(cfg, section), f.name)
         if value != f.default:
-            users = ", ".join(m for m, mode in MODES.items() if name in mode.cls.reads)
+            users = ", ".join(m for m, mode in MODES.items() if name in mode.reads)
             out.append(f"{name}={value} with GRAD_COMM={cfg.optim.grad_comm}: only {users} "
                        "read it, so it has no effect")
     return out

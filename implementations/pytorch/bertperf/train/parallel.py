@@ -55,17 +55,21 @@ REDUCTIONS = {
         hook=lambda ddp, cfg, scaler: clip_buckets_before_allreduce(
             ddp, cfg.optim.max_grad_norm, scaler)),
     "reduce_scatter": Reduction("reduce_scatter", wrapped=False, optimizer="sharded_lamb"),
-    **{mode: Reduction(mode, wrapped=True, comm=mode) for mode in comm.MODES},
 }
 """none: one process, nothing leaves it. allreduce: DDP's bucketed all-reduce, overlapping
 backward. clip_allreduce (CLIP_BEFORE_ALLREDUCE=1): each bucket clipped on its rank, then
 all-reduced (bertperf.optim.bucket_clip). reduce_scatter (SHARDED_LAMB=1): no DDP; the sharded
-LAMB reduce-scatters the gradients at the step (bertperf.optim.sharded_lamb). GRAD_COMM's
-modes (open division; bertperf.train.comm): bf16 / fp16 (each bucket all-reduced in the half
-type), powersgd / powersgd_bf16 (low-rank P, Q with error feedback and warm start from
+LAMB reduce-scatters the gradients at the step (bertperf.optim.sharded_lamb). A GRAD_COMM
+mode with a hook (bertperf.train.comm.MODES; `hooked`): bf16 / fp16 (each bucket all-reduced
+in the half type), powersgd / powersgd_bf16 (low-rank P, Q with error feedback and warm start from
 POWERSGD_START), localsgd (each node steps alone from LOCALSGD_START, parameters averaged every
 LOCALSGD_PERIOD steps); the step clips the global norm of what the hook hands back (the
 decompressed average; under local SGD the rank's, or its node's, own gradient)."""
+
+
+def hooked(name: str) -> Reduction:
+    """GRAD_COMM mode `name`'s reduction: DDP with the mode's hook."""
+    return Reduction(name, wrapped=True, comm=name)
 
 
 def reduction_for(cfg: RunConfig, world_size: int) -> Reduction:
@@ -75,8 +79,8 @@ def reduction_for(cfg: RunConfig, world_size: int) -> Reduction:
         return REDUCTIONS["reduce_scatter"]
     if world_size == 1:  # GRAD_COMM has nothing to exchange: no effect (config.warnings)
         return REDUCTIONS["none"]
-    if o.grad_comm != "allreduce":
-        return REDUCTIONS[o.grad_comm]
+    if comm.MODES[o.grad_comm].hooked:
+        return hooked(o.grad_comm)
     if o.clip_before_allreduce and o.max_grad_norm > 0:
         return REDUCTIONS["clip_allreduce"]
     return REDUCTIONS["allreduce"]
