@@ -12,7 +12,7 @@ import types
 import pytest
 
 from bertperf.__main__ import main
-from bertperf.perfmodel import TOLERANCE, gpus, network, plan, validate
+from bertperf.perfmodel import TOLERANCE, bert, commodity, gpus, network, plan, validate
 from tests.support.paths import ROOT
 
 NEW_GPU = gpus.Gpu("Z100 64GB PCIe", 500e12, 40e12, 2.5e12, 64, gpus.PCIE5_X16,
@@ -20,9 +20,16 @@ NEW_GPU = gpus.Gpu("Z100 64GB PCIe", 500e12, 40e12, 2.5e12, 64, gpus.PCIE5_X16,
 
 
 @pytest.fixture
-def new_gpu(monkeypatch):
-    monkeypatch.setitem(gpus.GPUS, NEW_GPU.name, NEW_GPU)
+def given_compute(monkeypatch):
+    """model commodity's A100 step given (nothing traced for it), run in the checkout's root."""
+    monkeypatch.setattr(commodity, "modelled", lambda batch, packed: bert.Compute(
+        0.003 * batch, 0.002 * batch, 0.0126, "given"))
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
+def new_gpu(monkeypatch, given_compute):
+    monkeypatch.setitem(gpus.GPUS, NEW_GPU.name, NEW_GPU)
     return NEW_GPU.name
 
 
@@ -91,7 +98,8 @@ def new_mode(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_new_grad_comm_mode_is_one_entry(new_mode, monkeypatch, tmp_path, capsys):
+def test_a_new_grad_comm_mode_is_one_entry(new_mode, monkeypatch, tmp_path, capsys,
+                                           given_compute):
     """The trainer refuses it in the closed division and reduces through its hook in the open
     one; model commodity and plan price it from its facts."""
     from bertperf.config import load
@@ -107,7 +115,8 @@ def test_a_new_grad_comm_mode_is_one_entry(new_mode, monkeypatch, tmp_path, caps
     cfg = load({**env, "SUBMISSION_DIVISION": "open"})
     prepare(cfg)
     assert parallel.reduction_for(cfg, 2) == parallel.hooked(new_mode)
-    monkeypatch.chdir(ROOT)
+    trains_through_its_hook(monkeypatch, tmp_path, {**env, "SUBMISSION_DIVISION": "open",
+                                                    "MAX_STEPS": "6"})
     assert main(["model", "commodity", "--gpu", "V100 32GB", "--grad-comm",
                  f"allreduce,{new_mode}"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if f"| {new_mode} |" in line]
@@ -119,3 +128,46 @@ def test_a_new_grad_comm_mode_is_one_entry(new_mode, monkeypatch, tmp_path, caps
     mine = [c for c in found if c.grad_comm == new_mode]
     assert mine and all(c.division == "open" for c in mine)
     assert all(c.samples == pytest.approx(1.1 * reference_for(3072).mean) for c in mine)
+
+
+def trains_through_its_hook(monkeypatch, tmp_path, env: dict) -> None:
+    """The trainer (loop.main, in this process) on a one-process gloo group with DDP forced as
+    on two ranks: every step's gradients go through the mode's hook, 2 bytes an element."""
+    import torch.distributed as tdist
+
+    from bertperf import config
+    from bertperf.train import comm, loop, parallel
+    from bertperf.train.dist import Dist
+
+    real_reduction, real_step = parallel.reduction_for, loop.train_step
+    seen = []
+
+    def step(trainer, micro):
+        result = real_step(trainer, micro)
+        plan = trainer.plan
+        seen.append((type(plan.comm), plan.traffic.world, plan.traffic.steps))
+        return result
+
+    with monkeypatch.context() as m:
+        m.setattr(parallel, "reduction_for", lambda cfg, world: real_reduction(cfg, 2))
+        m.setattr(loop, "train_step", step)
+        tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                                 world_size=1)
+        try:
+            assert loop.main(config.load(env)) == 0
+        finally:
+            if tdist.is_initialized():  # loop.main closes it when it ends
+                Dist(0, 1).close()
+    assert seen and all(kind is comm.Compress for kind, _, _ in seen)
+    numel = sum(p.numel() for p in trainer_parameters(env))
+    assert seen[-1][1] == 2 * numel * len(seen)  # bf16: 2 bytes an element, every step
+
+
+def trainer_parameters(env: dict):
+    """The trained parameters of the copy task's model (the config's BERT_CONFIG)."""
+    from bertperf import config
+    from bertperf.model import BertConfig, BertForPreTraining
+
+    cfg = config.load(env)
+    return [p for p in BertForPreTraining(BertConfig.named(cfg.model.bert_config)).parameters()
+            if p.requires_grad]

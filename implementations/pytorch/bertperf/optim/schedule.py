@@ -80,12 +80,16 @@ def resolve_warmup(warmup_steps: float, start_warmup_step: float, max_steps: int
     return as_int(warmup_steps, "warmup_steps"), as_int(start_warmup_step, "start_warmup_step")
 
 
+def _warmup(o: Any) -> tuple[int, int]:
+    """resolve_warmup of these optimizer settings (config.OptimConfig)."""
+    return resolve_warmup(o.warmup_steps, o.start_warmup_step, o.max_steps, o.warmup_proportion)
+
+
 def warmup_end(o: Any) -> int:
     """The optimizer step at which the LR warm-up of a run with these optimizer settings
     (config.OptimConfig) ends: WARMUP_STEPS + START_WARMUP_STEP, or MAX_STEPS x
     WARMUP_PROPORTION."""
-    warmup, start = resolve_warmup(o.warmup_steps, o.start_warmup_step, o.max_steps,
-                                   o.warmup_proportion)
+    warmup, start = _warmup(o)
     return max(0, warmup + start)
 
 
@@ -94,8 +98,7 @@ def run_schedule(optimizer: torch.optim.Optimizer, o: Any,
     """The LR schedule of a run with these optimizer settings (config.OptimConfig), its decay
     over `total_steps` (default MAX_STEPS; a layerwise stage that restarts the schedule: the
     steps left)."""
-    warmup, start = resolve_warmup(o.warmup_steps, o.start_warmup_step, o.max_steps,
-                                   o.warmup_proportion)
+    warmup, start = _warmup(o)
     return LinearWarmupPolyDecay(optimizer, warmup,
                                  o.max_steps if total_steps is None else total_steps, start)
 

@@ -179,7 +179,7 @@ def candidates(gpu: str, nodes: int, fabric: network.Network, rate_: float,
         ways += [(OPEN, m, False, True) for m in priced if not MODES[m].stateful]
     out = []
     for bs in [global_batch] if global_batch is not None else global_batches(world, largest):
-        mean = reference_for(bs).mean
+        mean = None  # the RCP checker's reference, asked once a batch a layout divides
         for layout, packing in (("varlen", 1), ("packed", PACKING_FACTOR)):
             rows, left = divmod(bs, packing * world)
             if left or not rows:
@@ -188,6 +188,8 @@ def candidates(gpu: str, nodes: int, fabric: network.Network, rate_: float,
             if shape_split is None:
                 continue
             batch, accumulation = shape_split
+            if samples is None and mean is None:
+                mean = reference_for(bs).mean
             for division, mode, sharded, staged in ways:
                 if division not in divisions:
                     continue
@@ -343,9 +345,10 @@ def run(args: argparse.Namespace) -> int:
     print("samples to converge: " + ("--samples" if samples else
           "the RCP checker's reference at the batch (mlperf_logging's code, as the package "
           f"checker runs it, ruleset {RULESET}): "
-          + (reference.how if reference else "a row's olympic mean, or interpolated between "
-             "the rows around it") + "; times the GRAD_COMM mode's samples factor "
-          "(train/comm.py, measured on the demo)"))
+          + (f"{reference.how}, {reference.mean:,.0f} (a submission's mean below "
+             f"{reference.fewest:,.0f} fails its check)" if reference else "a row's olympic mean, or "
+             "interpolated between the rows around it") + "; times the GRAD_COMM mode's samples "
+          "factor (train/comm.py, measured on the demo)"))
     if any(c.layerwise for c in found):
         train, stages = layerwise_stages()
         print(f"LAYERWISE {LAYERWISE_RUN} (LAYERWISE_TRAIN={train}, restart): stages of "
