@@ -122,6 +122,27 @@ def step_seconds(gpu: str, precision: str) -> float | None:
     return roofline.step_cost(_traced_step()[precision], priced, graphs=True).seconds
 
 
+SPEED_ANCHOR = "bert_dle_fp16"
+"""The anchors.csv quantity of a published BERT-large rate of one GPU with one code for every GPU:
+phase-2 sequences/s of one GPU running NVIDIA DeepLearningExamples' PyTorch BERT (fp16, one
+container), published for the A100 and the V100 alike."""
+
+
+def speedup(frm: tuple[str, str], to: tuple[str, str]) -> tuple[float | None, str]:
+    """How much faster the trainer runs as `to` (GPU, precision) than as `frm`, and how that is
+    known: at fp16 on two GPUs with a SPEED_ANCHOR rate each, the ratio of the two (measured);
+    else roofline's (roofline_speedup; None where it prices either not)."""
+    from bertperf.perfmodel import roofline
+
+    rows = roofline.anchors()
+    if frm[1] == to[1] == "fp16" and all((SPEED_ANCHOR, g) in rows for g in (frm[0], to[0])):
+        theirs, mine = rows[SPEED_ANCHOR, frm[0]], rows[SPEED_ANCHOR, to[0]]
+        return mine.value / theirs.value, (
+            f"published BERT-large rates, {mine.value:g} / {theirs.value:g} seq/s "
+            f"({SPEED_ANCHOR}, perfmodel/anchors.csv)")
+    return roofline_speedup(frm, to), "roofline"
+
+
 def roofline_speedup(frm: tuple[str, str], to: tuple[str, str]) -> float | None:
     """How much faster the trainer's step runs as `to` (GPU, precision) than as `frm`, both
     priced by roofline (step_seconds); None where roofline prices either not (FP8 on a GPU

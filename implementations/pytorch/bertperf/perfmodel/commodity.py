@@ -7,8 +7,9 @@ powersgd, P, Q and the tensors sent whole, and the compression's compute (powers
 localsgd, the node's own all-reduce and the parameters over all ranks every LOCALSGD_PERIOD
 steps, amortised. A mode that waits (Mode.start) all-reduces plainly until the end of the
 config's LR warm-up. A GPU's compute is the A100's times the ratio of the two GPUs' published
-BERT-large rates with one code (anchors.csv, SPEED_ANCHOR); a GPU without one, times the ratio
-of roofline's prices of the trainer's step on the two (perfmodel/gpus.py's datasheets), said so.
+BERT-large rates with one code (anchors.csv, bert.SPEED_ANCHOR); a GPU without one, times the
+ratio of roofline's prices of the trainer's step on the two (perfmodel/gpus.py's datasheets),
+said so (bert.speedup).
 Samples: the RCP's times the mode's samples factor (Mode.samples_factor).
 """
 
@@ -24,17 +25,13 @@ from pathlib import Path
 
 from bertperf.errors import UserError
 from bertperf.perfmodel import gpus, scale
-from bertperf.perfmodel.bert import (Compute, bucket_gradients, gradient_buckets, modelled,
-                                     parameters, roofline_speedup)
+from bertperf.perfmodel.bert import (SPEED_ANCHOR, Compute, bucket_gradients, gradient_buckets,
+                                     modelled, parameters, speedup)
 from bertperf.perfmodel.network import ALPHA_PCIE_US, Comm, Network, allreduce
 
 ETHERNET_GBIT = "10,25"
 """The default Ethernet rates, Gb/s a direction: 10GBASE and 25GBASE line rates (IEEE 802.3ae-2002
 and 802.3by-2016). TCP/IP's headers (about 5 % at a 1,500-byte MTU) are not taken off."""
-SPEED_ANCHOR = "bert_dle_fp16"
-"""The anchors.csv quantity a commodity GPU's compute is calibrated on: BERT-large phase-2
-sequences/s of one GPU running NVIDIA DeepLearningExamples' PyTorch BERT (fp16, one container),
-published for the A100 and the GPU alike."""
 CONFIG = "config_DGXA100_8x8x48x1.sh"
 """The config whose global batch (3,072: its RCP row's samples apply) and warm-up a commodity
 cluster keeps: nodes x GPUs a node x micro-batch x GRADIENT_STEPS = 3,072."""
@@ -54,21 +51,15 @@ def choices() -> list[str]:
 
 
 def slowdown(gpu: gpus.Gpu) -> tuple[float, str]:
-    """How many times the A100's time the trainer's step takes on `gpu`, and how that is known:
-    the ratio of the two GPUs' SPEED_ANCHOR rates in anchors.csv, else of roofline's prices of
-    the trainer's step on the two."""
-    from bertperf.perfmodel import roofline
-
-    rows = roofline.anchors()
-    if (SPEED_ANCHOR, gpu.name) in rows:
-        a100, mine = rows[SPEED_ANCHOR, gpus.A100], rows[SPEED_ANCHOR, gpu.name]
-        return a100.value / mine.value, (
-            f"calibrated: {a100.value:g} / {mine.value:g} seq/s, {mine.what} ({mine.source}; "
-            "perfmodel/anchors.csv)")
-    k = roofline_speedup((gpu.name, "fp16"), (gpus.A100, "fp16"))
-    return k, (f"derived: no published BERT-large rate of it ({SPEED_ANCHOR}), so roofline's "
-               "ratio of the trainer's step on the two GPUs' datasheets (perfmodel/gpus.py), "
-               f"its kernels at the {gpu.calibrated_on}'s measured efficiencies")
+    """How many times the A100's time the trainer's step takes on `gpu`, and how that is known
+    (bert.speedup: published BERT-large rates of both, else roofline's ratio)."""
+    k, how = speedup((gpu.name, "fp16"), (gpus.A100, "fp16"))
+    if how == "roofline":
+        return k, (f"derived: no published BERT-large rate of it ({SPEED_ANCHOR}), so "
+                   "roofline's ratio of the trainer's step on the two GPUs' datasheets "
+                   f"(perfmodel/gpus.py), its kernels at the {gpu.calibrated_on}'s measured "
+                   "efficiencies")
+    return k, f"calibrated: {how}"
 
 
 def powersgd_split(grad, rank: int) -> tuple[int, int] | None:

@@ -103,7 +103,8 @@ def rate_for(r, calibrations: dict, over: cluster.Overheads) -> tuple[float, str
     """The rate row `r`'s GPU runs at and where it comes from: its (GPU, precision)'s
     calibration; else that GPU's calibration in another precision, else that of the GPU whose
     kernel efficiencies it is priced at (gpus.Gpu.kernels_like: its precision first), else
-    REFERENCE's, times roofline's speedup between the two (bert.roofline_speedup); nan: none."""
+    REFERENCE's, times the speedup between the two (bert.speedup: published BERT-large rates of
+    both where there are, else roofline's); nan: none."""
     key = (r.gpu, r.precision)
     c = calibrator(r, calibrations, key)
     if c is not None:
@@ -112,11 +113,11 @@ def rate_for(r, calibrations: dict, over: cluster.Overheads) -> tuple[float, str
     others = [k for k in calibrations if k[0] == r.gpu] + [(like, r.precision)] \
         + [k for k in calibrations if k[0] == like] + [REFERENCE]
     for other in others:
-        speedup = bert.roofline_speedup(other, key)
+        speedup, how = bert.speedup(other, key)
         c = calibrator(r, calibrations, other)
         if speedup and c is not None:
             return rate_of(c, over) * speedup, \
-                f"{label(c)} x {speedup:.2f} (roofline, {other[1]} to {r.precision})"
+                f"{label(c)} x {speedup:.2f} ({how}, {other[1]} to {r.precision})"
     return math.nan, f"no calibration for {r.gpu} at {r.precision}"
 
 
