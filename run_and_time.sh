@@ -32,11 +32,13 @@ fail() { echo "run_and_time.sh: error: $*" >&2; exit 1; }
 : "${MLLOG_FILE:=${LOGDIR}/result_${SEED}.txt}"
 : "${CLEAR_CACHES:=1}"
 : "${LAUNCHER:=torchrun}"          # when starting the ranks: torchrun, mpirun or srun
+: "${MAX_RESTARTS:=0}"             # torchrun: restarts from the newest checkpoint after a crash
 : "${PYTHON:=python3}"
 export SEED LOGDIR MLLOG_FILE
 for var in DGXNNODES DGXNGPU; do
   [[ "${!var}" =~ ^[1-9][0-9]*$ ]] || fail "${var}=${!var} is not a positive whole number"
 done
+[[ "${MAX_RESTARTS}" =~ ^[0-9]+$ ]] || fail "MAX_RESTARTS=${MAX_RESTARTS} is not a whole number"
 nproc=$(( DGXNNODES * DGXNGPU ))
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # the package from this checkout when it is not installed (pip install -e . / the container)
@@ -96,25 +98,39 @@ if [[ "${rank}" == 0 ]]; then
 fi
 
 train=("${PYTHON}" -u -m bertperf train)
+# The preemption warning (SIGUSR1: from run.sub, or from Slurm to every process of the job) goes
+# on to the trainer or its launcher, which checkpoint at a step the ranks agree on and exit 75.
+child=""
+trap '[[ -n "${child}" ]] && kill -USR1 "${child}" 2>/dev/null || true' USR1
+start() {   # "$@" in the background, waited for through any number of warnings
+  "$@" & child=$!
+  local rc
+  until wait "${child}"; do
+    rc=$?
+    kill -0 "${child}" 2>/dev/null || return "${rc}"
+  done
+}
 status=0
 if [[ "${per_rank}" == 1 || "${nproc}" == 1 ]]; then
-  "${train[@]}" || status=$?
+  start "${train[@]}" || status=$?
 else
   case "${LAUNCHER}" in
     torchrun)
-      "${PYTHON}" -m bertperf launch --nproc-per-node="${DGXNGPU}" train || status=$? ;;
+      start "${PYTHON}" -m bertperf launch --nproc-per-node="${DGXNGPU}" \
+        --max-restarts="${MAX_RESTARTS}" train || status=$? ;;
     mpirun)
       : "${MASTER_ADDR:=127.0.0.1}" "${MASTER_PORT:=29500}"
       export MASTER_ADDR MASTER_PORT
       read -ra mpirun_args <<< "${MPIRUN_ARGS:-}"   # e.g. "--allow-run-as-root --hostfile h"
-      mpirun -np "${nproc}" "${mpirun_args[@]}" -x MASTER_ADDR -x MASTER_PORT "${train[@]}" \
-        || status=$? ;;
+      start mpirun -np "${nproc}" "${mpirun_args[@]}" -x MASTER_ADDR -x MASTER_PORT \
+        "${train[@]}" || status=$? ;;
     srun)
       : "${SLURM_JOB_NODELIST:?LAUNCHER=srun needs a Slurm allocation}"
       : "${MASTER_ADDR:=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)}"
       : "${MASTER_PORT:=29500}"
       export MASTER_ADDR MASTER_PORT
-      srun --ntasks="${nproc}" --ntasks-per-node="${DGXNGPU}" "${train[@]}" || status=$? ;;
+      start srun --ntasks="${nproc}" --ntasks-per-node="${DGXNGPU}" "${train[@]}" \
+        || status=$? ;;
   esac
 fi
 
@@ -134,6 +150,9 @@ if [[ "${rank}" == 0 ]]; then
   if [[ "${started}" == 1 && "${status}" == 0 ]] && grep -q '"key": "run_stop"' "${MLLOG_FILE}"
   then
     echo "RESULT,bert,${SEED},$(( end - start )),${USER:-$(id -un)},${start_fmt}"
+  elif [[ "${status}" == 75 ]]; then
+    echo "run_and_time.sh: the run stopped at the preemption warning, its checkpoint saved" \
+         "(exit status 75; RESUME_FROM=auto continues it); no RESULT line" >&2
   elif [[ "${started}" == 1 ]]; then
     echo "run_and_time.sh: the run failed (exit status ${status}); no RESULT line" >&2
   fi

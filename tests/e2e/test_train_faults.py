@@ -21,7 +21,7 @@ import torch
 from tests.support.copy_task import (MAX_PRED, VOCAB, add_manifests, copy_task, make_dataset,
                                      packed_copy, tiny_bert_config)
 from tests.support.net import free_port
-from tests.support.runs import base_env
+from tests.support.runs import base_env, reaped
 
 TRAIN = [sys.executable, "-m", "bertperf", "train"]
 LAUNCH = [sys.executable, "-m", "bertperf", "launch"]
@@ -265,20 +265,15 @@ def test_launch_names_the_rank_that_died(data, tmp_path):
     """Under `bertperf launch` (torch.distributed's launcher), rank 1 is killed (SIGKILL): the
     survivor's own line may come first, but the last error line names rank 1 and its signal."""
     env = {**base_env(data, tmp_path, 2), "MAX_STEPS": "100000", "EVAL_ITER_SAMPLES": "100000"}
-    launcher = subprocess.Popen([*LAUNCH, "--nproc-per-node", "2", "train"], env=env, cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
     log = tmp_path / "result_0.txt"
-    try:
+    with reaped(subprocess.Popen([*LAUNCH, "--nproc-per-node", "2", "train"], env=env,
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True)) as launcher:
         wait_for(lambda: "run_start" in [k for k, _ in keys(log)], 90, "run_start")
         time.sleep(1.0)
         ranks = rank_pids(launcher.pid)
         os.kill(ranks[1], signal.SIGKILL)
         output, _ = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
     assert launcher.returncode == 1, output[-3000:]
     errors = [l for l in output.splitlines() if l.startswith("bertperf: error:")]
     assert errors[-1] == f"bertperf: error: rank 1 (local rank 1, pid {ranks[1]}) died: SIGKILL", \

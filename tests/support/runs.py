@@ -7,10 +7,12 @@ after LAUNCH_TIMEOUT seconds, so a stuck rendezvous fails a test instead of hang
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,15 @@ def launch(cmds: list[tuple[list[str], dict]], cwd: Path) -> list[tuple[int, str
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
     return results
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """`proc` (started in its own session), its whole process group killed on the way out if it
+    is still running: a failed assertion leaves no ranks behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

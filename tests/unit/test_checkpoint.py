@@ -357,3 +357,70 @@ def test_a_problem_found_after_the_log_opens_ends_it_aborted(tmp_path, capsys, d
     assert events[1]["key"] == "init_start" and "run_start" not in [e["key"] for e in events]
     assert (events[-1]["key"], events[-1]["metadata"]["status"]) == ("run_stop", "aborted")
 
+
+
+@pytest.mark.parametrize("when, stop", [("step", 8), ("eval", 4), ("checkpoint write", 4)])
+def test_the_preemption_warning_checkpoints_and_the_run_resumes_on_the_same_curve(
+        tmp_path, monkeypatch, capsys, data, when, stop):
+    """SIGUSR1 (Slurm's warning before the time limit or a preemption): twice, after steps 5
+    and 6; in the eval after step 3; or while step 4's checkpoint (CHECKPOINT_EVERY=4) is
+    written. The run stops at the next step the ranks agree on (PREEMPT_CHECK_EVERY=4), with
+    that step's checkpoint (one: not written again where CHECKPOINT_EVERY just wrote it),
+    run_stop aborted and its reason, and exit status 75; RESUME_FROM=auto then finishes it on
+    the uninterrupted run's curve, to the same model, in a new log (the earlier one kept)."""
+    import signal
+
+    from bertperf import config
+    from bertperf.errors import PREEMPTED
+    from bertperf.train import checkpoint, loop
+    from bertperf.train.checkpoint import file_name
+    full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck_a")))
+
+    ck, out = tmp_path / "ck", tmp_path / "b"
+    env = base_env(data, out, CHECKPOINT_DIR=str(ck), CHECKPOINT_EVERY="4",
+                   PREEMPT_CHECK_EVERY="4")
+    losses: list[float] = []
+    real_step, real_eval, real_save = loop.train_step, loop.mlm_accuracy, \
+        checkpoint.Checkpointer.save
+
+    def warn():
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    def step(trainer, micro):
+        result = real_step(trainer, micro)
+        losses.append(float(result))
+        if when == "step" and len(losses) in (5, 6):
+            warn()
+        return result
+
+    def evaluate(*args, **kwargs):
+        if when == "eval":
+            warn()
+        return real_eval(*args, **kwargs)
+
+    def save(self, path):
+        if when == "checkpoint write":
+            warn()
+        return real_save(self, path)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "train_step", step)
+        m.setattr(loop, "mlm_accuracy", evaluate)
+        m.setattr(checkpoint.Checkpointer, "save", save)
+        assert loop.main(config.load(env)) == PREEMPTED
+    assert losses == full[:stop]
+    assert sorted(p.name for p in ck.iterdir()) == [file_name(s) for s in range(4, stop + 1, 4)]
+    stops = [json.loads(line.split(":::MLLOG ", 1)[1])["metadata"]
+             for line in (out / "log.txt").read_text().splitlines() if '"run_stop"' in line]
+    assert [(m["status"], m["reason"]) for m in stops] == [
+        ("aborted", f"preempted, checkpoint at step {stop}")]
+    assert f"run_stop: aborted, preempted, checkpoint at step {stop}" in capsys.readouterr().err
+
+    rest = run(monkeypatch, {**env, "RESUME_FROM": "auto"})
+    assert rest == full[stop:]
+    a, b = tensors(tmp_path / "ck_a" / file_name(N)), tensors(ck / file_name(N))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    kept = [p for p in out.iterdir() if p.name.startswith("log.txt.")]
+    assert len(kept) == 1 and f"preempted, checkpoint at step {stop}" in kept[0].read_text()
+    for log in (kept[0], out / "log.txt"):  # the preempted run's log too
+        assert "SUCCESS" in checker(log).stderr, checker(log).stderr[-2000:]

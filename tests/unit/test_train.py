@@ -783,3 +783,12 @@ def test_tf32_on_cuda_only():
         assert matmul.allow_tf32 and cudnn.allow_tf32
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = before
+
+
+def test_step_lines_say_the_share_done_and_an_eta():
+    """A progress line's tail: the share of the steps to the run's cap and the time left at the
+    interval's measured seconds a step (evals not counted)."""
+    from bertperf.train.loop import eta
+    assert eta(30, 120, 2.0) == "25.0% of 120 steps, ETA 0:03:00"
+    assert eta(1, 4000, 3.6) == "0.0% of 4000 steps, ETA 3:59:56"
+    assert eta(120, 120, 2.0).endswith("ETA 0:00:00")

@@ -335,6 +335,14 @@ class CheckpointConfig:
     resume_from: str | None = setting("RESUME_FROM", str, doc="""
         A checkpoint file to resume from, or "auto": the latest in CHECKPOINT_DIR (a fresh start
         when there is none). The run's configuration must match the checkpoint's.""")
+    preempt_check_every: int = setting("PREEMPT_CHECK_EVERY", int, 10, doc="""
+        With CHECKPOINT_DIR: steps between the ranks' agreement on whether the preemption
+        warning (SIGUSR1: Slurm's --signal before the time limit or a preemption, which run.sub
+        asks for) has come. At the first agreement after it every rank saves a checkpoint at
+        that step, the MLPerf log ends with run_stop aborted ("preempted, checkpoint at step
+        N") and the trainer exits with status 75, on which run.sub requeues the job (resuming
+        with RESUME_FROM=auto). One all-reduce and one host sync every this many steps (none
+        with one rank); 0 = the warning is ignored.""")
 
 
 # ---- end of checkpoints ----------------------------------------------------------------------
@@ -738,10 +746,13 @@ def _path_problem(path: Path | None, want: str) -> str | None:
 
 
 def _validate_checkpoint(ck: CheckpointConfig) -> None:
-    """CHECKPOINT_EVERY's range and RESUME_FROM's file (what they need of CHECKPOINT_DIR:
-    train.allowed)."""
+    """CHECKPOINT_EVERY's and PREEMPT_CHECK_EVERY's ranges and RESUME_FROM's file (what they
+    need of CHECKPOINT_DIR: train.allowed)."""
     if ck.checkpoint_every < 0:
         raise UserError(f"CHECKPOINT_EVERY must be >= 0, got {ck.checkpoint_every}")
+    if ck.preempt_check_every < 0:
+        raise UserError(f"PREEMPT_CHECK_EVERY must be >= 0 steps (0: the warning is ignored), "
+                        f"got {ck.preempt_check_every}")
     if ck.resume_from not in (None, "auto") and \
             (why := _path_problem(Path(ck.resume_from), "file")):
         auto = " (RESUME_FROM=auto takes the newest checkpoint in CHECKPOINT_DIR)" \

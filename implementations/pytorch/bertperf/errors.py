@@ -1,4 +1,10 @@
-"""The one exception type for bad input: its message is printed as one line and the program exits 1."""
+"""The one exception type for bad input: its message is printed as one line and the program exits 1.
+And the one other way a command ends without success: a run stopped at the preemption warning."""
+
+PREEMPTED = 75
+"""The exit status of a run stopped by the preemption warning, its checkpoint saved (EX_TEMPFAIL
+of sysexits.h: try again): `launch` and run_and_time.sh pass it on, and run.sub requeues the job
+on it."""
 
 
 class UserError(Exception):

@@ -24,7 +24,7 @@ from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert_config import BertConfig
 from bertperf.model.convert_cli import read_torch_file
-from bertperf.train.dist import Dist, FollowOnError
+from bertperf.train.dist import Dist, FollowOnError, agree, warned
 
 FORMAT = "bertperf-checkpoint-4"  # 4: the parts' states by name, the counters as "progress"
 OLDER = {"bertperf-checkpoint-3"}  # 3: the counters at the top level (upgraded on load)
@@ -226,6 +226,8 @@ class Checkpointer:
                  dist: Dist, device: torch.device, record: dict[str, Any] | None = None) -> None:
         self.parts, self.settings, self.dist, self.device = parts, settings, dist, device
         self.record = record
+        self.saved: Path | None = None
+        """The last checkpoint this run saved (every rank knows it: every rank calls save)."""
 
     def states(self) -> dict[str, Any]:
         """Every part's state by name. Every rank calls it (a sharded optimizer gathers its
@@ -243,6 +245,7 @@ class Checkpointer:
         """Write every part's state to `path`. Every rank calls it (`states`); rank 0 writes,
         the others return None."""
         states = self.states()
+        self.saved = path
         if self.dist.rank != 0:
             return None
         try:
@@ -261,6 +264,19 @@ class Checkpointer:
         if folder is None or not (last or (every and step % every == 0)):
             return None
         return self.save(folder / file_name(step))
+
+    def preempted(self, step: int) -> bool:
+        """After each step, past maybe_save: every PREEMPT_CHECK_EVERY steps (with CHECKPOINT_DIR)
+        the ranks agree whether the preemption warning reached any of them (dist.agree); if it
+        did, every rank saves this step's checkpoint (unless maybe_save just did) and the run is
+        to stop."""
+        every, folder = self.settings.preempt_check_every, self.settings.checkpoint_dir
+        if folder is None or not every or step % every or not agree(warned(), self.dist,
+                                                                     self.device):
+            return False
+        if self.saved != folder / file_name(step):
+            self.save(folder / file_name(step))
+        return True
 
     def load(self, path: Path, state: dict[str, Any]) -> None:
         """Restore every part from `state`, read from `path` (`restore`)."""

@@ -6,6 +6,7 @@ typed fields of bertperf/config.py) and has a flag that wins over its variable."
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from dataclasses import fields
 
@@ -40,6 +41,9 @@ def warn(lines: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the preemption warning, until the trainer takes it (dist.failures_as_errors): one during
+    # start-up is dropped, where SIGUSR1's default would end the process
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     flags = {k: v for k, v in vars(args).items() if "." in k}
     environ = process_environment()
     hints = environment_warnings(environ, flags)

@@ -182,6 +182,27 @@ def _first_line(exc: BaseException) -> str:
 
 
 _terminated: list[str] = []  # the SIGTERM message, once the signal came (handlers are per process)
+_warned = threading.Event()  # the preemption warning (SIGUSR1) came to this process
+
+PREEMPTION_SIGNAL = signal.SIGUSR1
+"""The warning Slurm sends before a job's time limit or its preemption (run.sub asks for it:
+--signal=B:USR1@seconds) and run.sub forwards to every rank; the trainer then checkpoints at the
+next step boundary the ranks agree on (checkpoint.Checkpointer.preempted)."""
+
+
+def warned() -> bool:
+    """Whether the preemption warning reached this process (failures_as_errors' handler)."""
+    return _warned.is_set()
+
+
+def agree(flag: bool, dist: Dist, device: torch.device) -> bool:
+    """Whether `flag` holds on any rank: every rank calls it at the same point (one all-reduce
+    and one host sync; none with one rank)."""
+    if dist.world_size == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def raise_if_terminated() -> None:
@@ -197,13 +218,16 @@ def failures_as_errors(rank: int) -> Iterator[None]:
     """Turn the ways a job dies around this rank into one-line FollowOnErrors naming the rank:
     SIGTERM (torchrun, mpirun or Slurm stopping the job, e.g. after another rank failed or at the
     time limit; raised at once, and again by raise_if_terminated) and a failed collective (a peer
-    that died; gloo notices at once, NCCL and a silent peer after DIST_TIMEOUT)."""
+    that died; gloo notices at once, NCCL and a silent peer after DIST_TIMEOUT). The preemption
+    warning (PREEMPTION_SIGNAL) only sets a flag (`warned`): the loop acts on it at a step."""
     def on_sigterm(signum, frame):
         _terminated[:] = [f"rank {rank}: stopped by SIGTERM (the launcher or Slurm ended the job)"]
         raise FollowOnError(_terminated[0])
 
     _terminated.clear()
+    _warned.clear()
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous_warning = signal.signal(PREEMPTION_SIGNAL, lambda signum, frame: _warned.set())
     try:
         yield
     except RuntimeError as exc:  # DistBackendError and the other torch.distributed errors
@@ -215,3 +239,4 @@ def failures_as_errors(rank: int) -> Iterator[None]:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(PREEMPTION_SIGNAL, previous_warning)

@@ -22,14 +22,20 @@ import signal
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Iterator, Mapping
 
-from bertperf.errors import UserError
+from bertperf.errors import PREEMPTED, UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="ranks to start on this node, one per GPU (default 1)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="when a rank fails, start every rank again up to N times, resuming from "
+                        "the newest checkpoint in CHECKPOINT_DIR (RESUME_FROM=auto; none: from "
+                        "the start); a failure with no newer checkpoint than the last one's "
+                        "stops the job (default 0)")
     p.add_argument("command", choices=("train",), help="the bertperf command every rank runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its flags")
 
@@ -58,11 +64,22 @@ def _blame(failure) -> int:
     return 1 if not said and failure.exitcode == -signal.SIGTERM else 0
 
 
+def _first(failures: Mapping[int, object]) -> tuple[int, object]:
+    """(global rank, ProcessFailure) of the failure that caused the others: a rank's own error
+    or death first, then ranks the launcher stopped, then the FollowOnErrors; within each, the
+    launcher's order (earliest first)."""
+    return min(failures.items(), key=lambda item: (_blame(item[1]), item[1].timestamp))
+
+
+def cause(failures: Mapping[int, object]):
+    """The ProcessFailure that caused the others among `failures` (_first)."""
+    return _first(failures)[1]
+
+
 def failure_line(failures: Mapping[int, object]) -> str:
     """One line on the failure that caused the others among `failures` ({global rank: torch's
-    ProcessFailure}): a rank's own error or death first, then ranks the launcher stopped, then
-    the FollowOnErrors; within each, the launcher's order (earliest first)."""
-    rank, failure = min(failures.items(), key=lambda item: (_blame(item[1]), item[1].timestamp))
+    ProcessFailure}), as _first orders them."""
+    rank, failure = _first(failures)
     who = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
     said = _reported(failure).split(": ", 1)[-1]
     if failure.exitcode >= 0:
@@ -89,7 +106,25 @@ def reported_to_launcher(under_launcher: bool) -> Iterator[None]:
         raise
 
 
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux's /proc/PID/task/*/children)."""
+    found = []
+    for tasks in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in tasks.read_text().split()]
+    return found
+
+
+def forward_warning(signum, frame) -> None:
+    """The preemption warning (train.dist.PREEMPTION_SIGNAL), to every rank this launcher
+    started: each acts on it at a step (the launcher itself carries on)."""
+    for child in children(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+
+
 def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGUSR1, forward_warning)
     if args.nproc_per_node < 1:
         raise UserError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -101,14 +136,49 @@ def run(args: argparse.Namespace) -> int:
     quiet = logging.getLogger("torch.distributed.elastic")
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=args.nproc_per_node,
-                          run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", max_restarts=0)
-    try:
-        elastic_launch(config, sys.executable)("-u", "-m", "bertperf", args.command, *args.args)
-    except ChildFailedError as exc:
-        raise UserError(failure_line(exc.failures)) from None
-    except SignalException as exc:
-        raise UserError(f"launch: stopped by {exc.sigval.name}; the ranks were stopped "
-                        "too") from None
+    if args.max_restarts < 0:
+        raise UserError(f"--max-restarts must be at least 0, got {args.max_restarts}")
+    last: object = NEVER  # the newest checkpoint when a rank last failed
+    for attempt in range(args.max_restarts + 1):
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=args.nproc_per_node,
+                              run_id=str(uuid.uuid4()), rdzv_backend="c10d",
+                              rdzv_endpoint="localhost:0", max_restarts=0)
+        try:
+            elastic_launch(config, sys.executable)("-u", "-m", "bertperf", args.command,
+                                                   *args.args)
+            return 0
+        except ChildFailedError as exc:
+            if cause(exc.failures).exitcode == PREEMPTED:  # every rank saved and stopped
+                print(f"launch: the ranks stopped at the preemption warning, their checkpoint "
+                      f"saved (exit status {PREEMPTED})", file=sys.stderr)
+                return PREEMPTED
+            line = failure_line(exc.failures)
+            if attempt == args.max_restarts:
+                raise UserError(line) from None
+            folder, newest = restart_point()
+            if newest == last:
+                raise UserError(f"{line}, again with no checkpoint newer than "
+                                f"{newest or 'the start'}: not restarting")
+            last = newest
+            print(f"launch: {line}; starting every rank again from {newest or 'the start'} "
+                  f"(restart {attempt + 1} of {args.max_restarts})", file=sys.stderr)
+            if folder is not None:
+                os.environ["RESUME_FROM"] = "auto"  # the ranks' environment
+        except SignalException as exc:
+            raise UserError(f"launch: stopped by {exc.sigval.name}; the ranks were stopped "
+                            "too") from None
     return 0
+
+
+NEVER = object()
+"""`run`'s newest checkpoint at the last failure, before any failure."""
+
+
+def restart_point() -> tuple[Path | None, Path | None]:
+    """(CHECKPOINT_DIR, or None; its newest checkpoint, or None) as the ranks read them."""
+    from bertperf import config
+    from bertperf.train.checkpoint import newest_first
+
+    folder = config.load(dict(os.environ)).checkpoint.checkpoint_dir
+    found = newest_first(folder) if folder is not None and folder.is_dir() else []
+    return folder, found[0] if found else None

@@ -27,6 +27,7 @@ from mlperf_logging.mllog import constants as C  # noqa: N812
 from bertperf.benchmark import EVAL_SAMPLES
 from bertperf.config import RunConfig
 from bertperf.data.loader import ShardLoader
+from bertperf.errors import PREEMPTED
 from bertperf.data.synthetic import synthetic_samples
 from bertperf.formats.samples import Samples
 from bertperf.kernels import Kernels
@@ -417,16 +418,25 @@ class Interval:
         self.tokens += sum(m.host.tokens for m in micro)
         self.sequences += sum(m.host.global_sequences for m in micro)
 
-    def read(self, dist: distributed.Dist, lr: torch.Tensor) -> tuple[float, float, str]:
+    def read(self, dist: distributed.Dist, lr: torch.Tensor) -> tuple[float, float, str, float]:
         """(the interval's mean step loss, summed over ranks; the LR `lr` holds now; the
-        interval's rates); starts the next interval."""
+        interval's rates; its seconds a step); starts the next interval."""
         loss, tokens = dist.sum(torch.stack([self.loss, self.loss.new_tensor(self.tokens)])
                                 ).tolist()
         seconds = time.perf_counter() - self.since
         mean = loss / dist.world_size / max(self.steps, 1)
         rates = f"seq/s {self.sequences / seconds:.1f} tokens/s {tokens / seconds:.0f}"
+        per_step = seconds / max(self.steps, 1)
         self.restart()
-        return mean, float(lr), rates
+        return mean, float(lr), rates, per_step
+
+
+def eta(step: int, last: int, per_step: float) -> str:
+    """How far a run is to step `last`, where a cap ends it, and when it gets there at
+    `per_step` seconds a step (evals not counted; the target may end it sooner)."""
+    left = round(max(last - step, 0) * per_step)
+    return (f"{step / last:.1%} of {last} steps, ETA {left // 3600}:{left // 60 % 60:02d}:"
+            f"{left % 60:02d}")
 
 
 @dataclass(frozen=True)
@@ -439,6 +449,16 @@ class Stop:
     """Samples trained (MLPerf's train_samples)."""
     nonfinite: bool = False
     """Aborted on a non-finite loss: the run fails (exit status 1)."""
+    preempted: int | None = None
+    """Aborted on the preemption warning, at this step, its checkpoint saved (exit status
+    PREEMPTED)."""
+
+    @property
+    def metadata(self) -> dict:
+        """run_stop's metadata."""
+        reason = {} if self.preempted is None else {
+            "reason": f"preempted, checkpoint at step {self.preempted}"}
+        return {C.STATUS: self.status, **reason}
 
 
 class LoopEvents:
@@ -474,6 +494,8 @@ def run_loop(trainer: Trainer, report: Callable[[str], None],
     blocks.start(progress.samples)
     trainer.plan.model.train()
     interval = Interval(trainer.device)
+    last_step = min(cfg.optim.max_steps,  # where a cap ends the run
+                    math.ceil(cfg.train.max_samples_termination / trainer.global_batch_size))
     events.run_start(trainer)
     while True:
         distributed.raise_if_terminated()
@@ -493,13 +515,14 @@ def run_loop(trainer: Trainer, report: Callable[[str], None],
         capped = samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps
         if logged or evaluated or capped:
             lr_now = trainer.plan.optimizer.param_groups[0]["lr"]
-            loss, lr, rates = interval.read(trainer.dist, lr_now)
+            loss, lr, rates, per_step = interval.read(trainer.dist, lr_now)
             if not math.isfinite(loss):
                 report(f"step {step}: non-finite loss {loss}; aborting")
                 blocks.stop(samples)
                 return Stop(C.ABORTED, samples, nonfinite=True)
             if logged:
-                report(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} {rates}")
+                report(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} {rates} "
+                       f"({eta(step, last_step, per_step)})")
                 trainer.log.event(TRAIN_LOSS, loss,
                                   metadata={"samples_count": samples, "step": step, "lr": lr})
         if evaluated:
@@ -515,6 +538,9 @@ def run_loop(trainer: Trainer, report: Callable[[str], None],
         if capped:
             blocks.stop(samples)
             return Stop(C.ABORTED, samples)
+        if trainer.checkpointer.preempted(step):  # the warning: this step's checkpoint, then stop
+            blocks.stop(samples)
+            return Stop(C.ABORTED, samples, preempted=step)
         blocks.start(samples)  # after an eval
 
 
@@ -534,10 +560,11 @@ def resume(trainer: Trainer, found: tuple[Path, dict] | None,
 
 def main(cfg: RunConfig, events: LoopEvents | None = None) -> int:
     """A whole MLPerf run (its loop telling `events`: run_loop); 0 when it ended by a stopping
-    rule, 1 on a non-finite loss. What can be checked before the MLPerf log opens is checked
-    then (the configuration: train.checks.prepare; the data and the checkpoints: read_inputs),
-    so that a problem there leaves an earlier log at the log's path as it was; any failure
-    after the log opens logs run_stop with status aborted before it propagates."""
+    rule, 1 on a non-finite loss, PREEMPTED on the preemption warning. What can be checked
+    before the MLPerf log opens is checked then (the configuration: train.checks.prepare; the
+    data and the checkpoints: read_inputs), so that a problem there leaves an earlier log at the
+    log's path as it was; any failure after the log opens logs run_stop with status aborted
+    before it propagates."""
     report = rank0_printer(cfg.dist.rank)
     cfg = prepare(cfg)
     for line in run_warnings(cfg):
@@ -561,11 +588,12 @@ def main(cfg: RunConfig, events: LoopEvents | None = None) -> int:
             stop = run_loop(trainer, report, events)
             log.event(C.TRAIN_SAMPLES, stop.samples)
             trainer.plan.log_traffic(log, report)
-            log.end(C.RUN_STOP, metadata={C.STATUS: stop.status})
+            log.end(C.RUN_STOP, metadata=stop.metadata)
             stopped = True
             if stop.status == C.SUCCESS:  # the trained model, after the timed part
                 trainer.checkpointer.maybe_save(trainer.progress.step, last=True)
-            report(f"run_stop: {stop.status} after {stop.samples} samples")
+            report(f"run_stop: {', '.join(map(str, stop.metadata.values()))} after "
+                   f"{stop.samples} samples")
             if cfg.train.plot and trainer.dist.rank == 0:
                 png = plot_log(cfg.log_path, Path(f"{cfg.log_path}.png"),
                                cfg.train.target_accuracy)
@@ -579,4 +607,4 @@ def main(cfg: RunConfig, events: LoopEvents | None = None) -> int:
                 trainer.plan.release()
         # only here: after a failure the closing barrier would wait for a rank that is gone
         trainer.dist.close()
-        return 1 if stop.nonfinite else 0
+        return 1 if stop.nonfinite else PREEMPTED if stop.preempted is not None else 0
