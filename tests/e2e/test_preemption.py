@@ -122,17 +122,18 @@ def kill_rank_after(job: subprocess.Popen, log: Path, step: int) -> int:
     return pid
 
 
-@pytest.mark.parametrize("kills", [1, 2])
-def test_a_killed_rank_restarts_the_job_from_its_checkpoint(data, whole, tmp_path, kills):
+@pytest.mark.parametrize("at, kills", [(22, 1), (22, 2), (5, 1)])
+def test_a_killed_rank_restarts_the_job_from_its_checkpoint(data, whole, tmp_path, at, kills):
     """--max-restarts 3, rank 1 killed at step 22 (after the checkpoint at 20): every rank starts
     again from it, the dead rank named once, and the job finishes on the uninterrupted curve;
-    killed at step 22 again, before a newer checkpoint, it stops with one line."""
+    killed at step 22 again, before a newer checkpoint, it stops with one line. Killed at step 5,
+    before any checkpoint: every rank starts again from the start, to the same end."""
     out = tmp_path / "job"
     with reaped(subprocess.Popen([*LAUNCH[:-1], "--max-restarts", "3", "train"],
                                  env={**base_env(data, out, 2), **ENV}, cwd=tmp_path,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)) as job:
-        pids = [kill_rank_after(job, out / "result_0.txt", 22)]
+        pids = [kill_rank_after(job, out / "result_0.txt", at)]
         if kills == 2:
             deadline = time.monotonic() + LAUNCH_TIMEOUT
             while not (out / "result_0.txt.1").exists():  # the restarted ranks' new log
@@ -142,8 +143,9 @@ def test_a_killed_rank_restarts_the_job_from_its_checkpoint(data, whole, tmp_pat
         text, _ = job.communicate(timeout=LAUNCH_TIMEOUT)
     said = [line for line in text.splitlines() if line.startswith(("launch: ", "bertperf: "))]
     died = f"rank 1 (local rank 1, pid {pids[0]}) died: SIGKILL"
-    assert said[0] == f"launch: {died}; starting every rank again from " \
-        f"{out / 'ckpt' / file_name(20)} (restart 1 of 3)", text[-3000:]
+    start = out / "ckpt" / file_name(20) if at > 20 else "the start"
+    assert said[0] == f"launch: {died}; starting every rank again from {start} (restart 1 of " \
+        "3)", text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     if kills == 1:
         assert job.returncode == 0 and len(said) == 1, text[-3000:]

@@ -424,3 +424,39 @@ def test_the_preemption_warning_checkpoints_and_the_run_resumes_on_the_same_curv
     assert len(kept) == 1 and f"preempted, checkpoint at step {stop}" in kept[0].read_text()
     for log in (kept[0], out / "log.txt"):  # the preempted run's log too
         assert "SUCCESS" in checker(log).stderr, checker(log).stderr[-2000:]
+
+
+@pytest.mark.parametrize("grace, after, stop", [("60", 5, 8), ("0.000001", 5, None),
+                                                ("60", 2, None)])
+def test_a_sigterm_with_grace_checkpoints_when_one_fits(tmp_path, monkeypatch, data, grace, after,
+                                                        stop):
+    """SIGTERM with no warning before it (a time limit's or a preemption's kill, CHECKPOINT_GRACE
+    seconds before SIGKILL): after step 5, with a checkpoint measured at step 4 and 60 s of
+    grace, it is taken as the warning (a checkpoint at step 8, exit 75); with too little grace,
+    or before any checkpoint has been timed (step 2), the run ends as a failure, as without."""
+    import signal
+
+    from bertperf import config
+    from bertperf.errors import PREEMPTED, UserError
+    from bertperf.train import loop
+    from bertperf.train.checkpoint import file_name
+    ck = tmp_path / "ck"
+    env = base_env(data, tmp_path / "out", CHECKPOINT_DIR=str(ck), CHECKPOINT_EVERY="4",
+                   PREEMPT_CHECK_EVERY="4", CHECKPOINT_GRACE=grace)
+    real, steps = loop.train_step, []
+
+    def step(trainer, micro):
+        result = real(trainer, micro)
+        steps.append(result)
+        if len(steps) == after:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(loop, "train_step", step)
+    if stop is None:
+        with pytest.raises(UserError, match="stopped by SIGTERM"):
+            loop.main(config.load(env))
+        assert len(steps) == after
+    else:
+        assert loop.main(config.load(env)) == PREEMPTED
+        assert len(steps) == stop and (ck / file_name(stop)).is_file()

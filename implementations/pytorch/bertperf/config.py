@@ -343,6 +343,12 @@ class CheckpointConfig:
         N") and the trainer exits with status 75, on which run.sub requeues the job (resuming
         with RESUME_FROM=auto). One all-reduce and one host sync every this many steps (none
         with one rank); 0 = the warning is ignored.""")
+    checkpoint_grace: float = setting("CHECKPOINT_GRACE", float, 0.0, doc="""
+        With PREEMPT_CHECK_EVERY: seconds a SIGTERM with no warning before it leaves the run
+        before it is killed (Slurm's KillWait after a time limit or a preemption, 30 by
+        default). Where the steps to the next agreement and a checkpoint, at this run's measured
+        step and checkpoint times, fit in them, the SIGTERM is taken as the warning; else (no
+        checkpoint written yet to time, or 0, the default) it ends the run as a failure.""")
 
 
 # ---- end of checkpoints ----------------------------------------------------------------------
@@ -746,10 +752,12 @@ def _path_problem(path: Path | None, want: str) -> str | None:
 
 
 def _validate_checkpoint(ck: CheckpointConfig) -> None:
-    """CHECKPOINT_EVERY's and PREEMPT_CHECK_EVERY's ranges and RESUME_FROM's file (what they
-    need of CHECKPOINT_DIR: train.allowed)."""
+    """CHECKPOINT_EVERY's, PREEMPT_CHECK_EVERY's and CHECKPOINT_GRACE's ranges and RESUME_FROM's
+    file (what they need of CHECKPOINT_DIR: train.allowed)."""
     if ck.checkpoint_every < 0:
         raise UserError(f"CHECKPOINT_EVERY must be >= 0, got {ck.checkpoint_every}")
+    if not 0 <= ck.checkpoint_grace < math.inf:
+        raise UserError(f"CHECKPOINT_GRACE must be >= 0 seconds, got {ck.checkpoint_grace}")
     if ck.preempt_check_every < 0:
         raise UserError(f"PREEMPT_CHECK_EVERY must be >= 0 steps (0: the warning is ignored), "
                         f"got {ck.preempt_check_every}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import re
 import shlex
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -24,7 +25,7 @@ from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert_config import BertConfig
 from bertperf.model.convert_cli import read_torch_file
-from bertperf.train.dist import Dist, FollowOnError, agree, warned
+from bertperf.train.dist import Dist, FollowOnError, agree, grace_by, warned
 
 FORMAT = "bertperf-checkpoint-4"  # 4: the parts' states by name, the counters as "progress"
 OLDER = {"bertperf-checkpoint-3"}  # 3: the counters at the top level (upgraded on load)
@@ -228,6 +229,13 @@ class Checkpointer:
         self.record = record
         self.saved: Path | None = None
         """The last checkpoint this run saved (every rank knows it: every rank calls save)."""
+        self.save_seconds: float | None = None
+        """How long this rank's last save took (None: none yet)."""
+        self.step_seconds: float | None = None
+        self.last_step: tuple[int, float] | None = None  # (step, when) at the last `preempted`
+        if settings.checkpoint_grace and settings.preempt_check_every and \
+                settings.checkpoint_dir is not None:
+            grace_by(self.fits_in_grace)
 
     def states(self) -> dict[str, Any]:
         """Every part's state by name. Every rank calls it (a sharded optimizer gathers its
@@ -244,9 +252,11 @@ class Checkpointer:
     def save(self, path: Path) -> Path | None:
         """Write every part's state to `path`. Every rank calls it (`states`); rank 0 writes,
         the others return None."""
+        start = time.perf_counter()
         states = self.states()
         self.saved = path
         if self.dist.rank != 0:
+            self.save_seconds = time.perf_counter() - start
             return None
         try:
             with atomic_output(path) as tmp, open(tmp, "wb") as f:
@@ -255,6 +265,7 @@ class Checkpointer:
                             **({RECORD: self.record} if self.record is not None else {})}, f)
         except UserError as exc:
             raise UserError(f"checkpoint {exc}") from None
+        self.save_seconds = time.perf_counter() - start
         return path
 
     def maybe_save(self, step: int, last: bool) -> Path | None:
@@ -270,6 +281,10 @@ class Checkpointer:
         the ranks agree whether the preemption warning reached any of them (dist.agree); if it
         did, every rank saves this step's checkpoint (unless maybe_save just did) and the run is
         to stop."""
+        now = time.perf_counter()
+        if self.last_step is not None and step > self.last_step[0]:
+            self.step_seconds = (now - self.last_step[1]) / (step - self.last_step[0])
+        self.last_step = (step, now)
         every, folder = self.settings.preempt_check_every, self.settings.checkpoint_dir
         if folder is None or not every or step % every or not agree(warned(), self.dist,
                                                                      self.device):
@@ -277,6 +292,16 @@ class Checkpointer:
         if self.saved != folder / file_name(step):
             self.save(folder / file_name(step))
         return True
+
+    def fits_in_grace(self) -> bool:
+        """Whether the steps to the next agreement (`preempted`) and a checkpoint, at this
+        rank's last measured step and save, fit in CHECKPOINT_GRACE seconds (no save measured
+        yet: not known, so no)."""
+        if self.save_seconds is None or self.step_seconds is None or self.last_step is None:
+            return False
+        every = self.settings.preempt_check_every
+        steps = every - self.last_step[0] % every
+        return steps * self.step_seconds + self.save_seconds <= self.settings.checkpoint_grace
 
     def load(self, path: Path, state: dict[str, Any]) -> None:
         """Restore every part from `state`, read from `path` (`restore`)."""

@@ -190,6 +190,15 @@ PREEMPTION_SIGNAL = signal.SIGUSR1
 next step boundary the ranks agree on (checkpoint.Checkpointer.preempted)."""
 
 
+_grace: list[Callable[[], bool]] = []  # whether a SIGTERM may wait for a checkpoint (grace_by)
+
+
+def grace_by(fits: Callable[[], bool]) -> None:
+    """From now on a SIGTERM for which `fits()` holds is taken as the preemption warning rather
+    than ending the run (CHECKPOINT_GRACE: checkpoint.Checkpointer)."""
+    _grace[:] = [fits]
+
+
 def warned() -> bool:
     """Whether the preemption warning reached this process (failures_as_errors' handler)."""
     return _warned.is_set()
@@ -221,11 +230,15 @@ def failures_as_errors(rank: int) -> Iterator[None]:
     that died; gloo notices at once, NCCL and a silent peer after DIST_TIMEOUT). The preemption
     warning (PREEMPTION_SIGNAL) only sets a flag (`warned`): the loop acts on it at a step."""
     def on_sigterm(signum, frame):
+        if _grace and _grace[0]():  # a checkpoint fits before the kill: as the warning
+            _warned.set()
+            return
         _terminated[:] = [f"rank {rank}: stopped by SIGTERM (the launcher or Slurm ended the job)"]
         raise FollowOnError(_terminated[0])
 
     _terminated.clear()
     _warned.clear()
+    _grace.clear()
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     previous_warning = signal.signal(PREEMPTION_SIGNAL, lambda signum, frame: _warned.set())
     try:
