@@ -201,8 +201,8 @@ def test_the_efficiencies_are_the_anchors_over_the_datasheet_peaks():
     what was measured and where it was published."""
     from pathlib import Path
 
-    assert roofline.ANCHORS.parent == Path(roofline.__file__).parent
-    anchors = roofline.anchors()
+    assert gpus.ANCHORS.parent == Path(roofline.__file__).parent
+    anchors = gpus.anchors()
     assert all(a.source and a.what for a in anchors.values())
     for name in (gpus.A100, gpus.H100):
         gpu = roofline.GPUS[name]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from bertperf.perfmodel.gpus import A100
+from bertperf.perfmodel.gpus import A100, anchors
 
 
 @cache
@@ -132,9 +132,7 @@ def speedup(frm: tuple[str, str], to: tuple[str, str]) -> tuple[float | None, st
     """How much faster the trainer runs as `to` (GPU, precision) than as `frm`, and how that is
     known: at fp16 on two GPUs with a SPEED_ANCHOR rate each, the ratio of the two (measured);
     else roofline's (roofline_speedup; None where it prices either not)."""
-    from bertperf.perfmodel import roofline
-
-    rows = roofline.anchors()
+    rows = anchors()
     if frm[1] == to[1] == "fp16" and all((SPEED_ANCHOR, g) in rows for g in (frm[0], to[0])):
         theirs, mine = rows[SPEED_ANCHOR, frm[0]], rows[SPEED_ANCHOR, to[0]]
         return mine.value / theirs.value, (

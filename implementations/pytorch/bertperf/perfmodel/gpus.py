@@ -4,7 +4,9 @@ published, a calibration row in results.csv or anchors.csv)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 PCIE3_X16, PCIE4_X16, PCIE5_X16 = 15.75e9, 31.5e9, 63.0e9
 """A PCIe x16 link a direction, bytes/s: 16 lanes at 8 (3.0), 16 (4.0) or 32 (5.0) GT/s with
@@ -99,3 +101,31 @@ GPUS = {g.name: g for g in (
 """Every GPU of the published results and of `plan`, and the commodity ones (PCIe cards).
 Blackwell's kernels are priced at the H100's measured fractions (no kernel measurement of a
 B200 is at hand); the V100 and the RTX cards' at the A100's."""
+
+
+ANCHORS = Path(__file__).with_name("anchors.csv")
+"""The published (or the developers') measurements roofline's efficiencies are calibrated on, one
+a row: quantity (gemm, gemm_fp8, bandwidth, attention_forward, attention_backward, mlperf_fp8;
+bert_dle_fp16: one code's BERT-large rate on several GPUs), gpu, value, unit, what was measured,
+source. Data, not code: installed with the package."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    quantity: str
+    gpu: str
+    value: float
+    unit: str
+    what: str
+    source: str
+
+
+@functools.cache
+def anchors(path: Path = ANCHORS) -> dict[tuple[str, str], Anchor]:
+    """The rows of anchors.csv by (quantity, gpu)."""
+    import csv
+
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {(r["quantity"], r["gpu"]): Anchor(r["quantity"], r["gpu"], float(r["value"]), r["unit"],
+                                              r["what"], r["source"]) for r in rows}

@@ -64,36 +64,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertperf.perfmodel import gpus
+from bertperf.perfmodel.gpus import anchors
 
 PACKAGE = Path(__file__).resolve().parents[1]
 aten = torch.ops.aten
-
-
-ANCHORS = Path(__file__).with_name("anchors.csv")
-"""The published (or the developers') measurements the efficiencies below are calibrated on, one
-a row: quantity (gemm, gemm_fp8, bandwidth, attention_forward, attention_backward, mlperf_fp8;
-bert_dle_fp16: scale.py's commodity GPUs), gpu, value, unit, what was measured, source. Data, not code: installed with the package."""
-
-
-@dataclass(frozen=True)
-class Anchor:
-    quantity: str
-    gpu: str
-    value: float
-    unit: str
-    what: str
-    source: str
-
-
-@functools.cache
-def anchors(path: Path = ANCHORS) -> dict[tuple[str, str], Anchor]:
-    """The rows of anchors.csv by (quantity, gpu)."""
-    import csv
-
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    return {(r["quantity"], r["gpu"]): Anchor(r["quantity"], r["gpu"], float(r["value"]), r["unit"],
-                                              r["what"], r["source"]) for r in rows}
 
 
 @dataclass(frozen=True)
