@@ -1,10 +1,10 @@
 """Multi-node for real on one machine: two "nodes" made of network namespaces under one Slurm
-controller (tests/support/netns_cluster.py). `sbatch -N2 run.sub` with config_CPU_1x2x32x1.sh trains
-on 2 ranks a node (4 in all, gloo across the nodes' addresses) and its log passes the compliance
-checker; `mpirun` starts the same job across the two namespaces; cutting one node's link in the
-middle of a run ends the job within the collective timeout with an error naming the lost ranks, and
-the last checkpoint then resumes to a compliant finish. The copy task of tests/support/launch.py
-keeps each run to seconds."""
+controller (tests/support/netns_cluster.py). `mpirun` starts config_CPU_1x2x32x1.sh's job across
+the two namespaces (2 ranks a node, gloo across the nodes' addresses) and its log passes the
+compliance checker; cutting one node's link in the middle of a run ends the job within the
+collective timeout with an error naming the lost ranks, and the last checkpoint then resumes to
+a compliant finish (`sbatch run.sub` across them: tests/e2e/test_requeue.py). The copy task of
+tests/support/launch.py keeps each run to seconds."""
 
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-
-from bertperf.train.checkpoint import newest_first
 
 from tests.support.launch import assert_compliant, data, job_env  # noqa: F401
 from tests.support.mlperf_logs import events
@@ -38,31 +35,6 @@ def sbatch_run_sub(cluster: NetnsSlurmCluster, env: dict, out: Path) -> str:
     # --no-requeue: a job of a node that failed ends (Slurm's default puts it back in the queue)
     return cluster.sbatch(ROOT / "run.sub", "--nodes=2", "--ntasks-per-node=2", "--no-requeue",
                           f"--output={out}", env=env, cwd=ROOT)
-
-
-KEEP = {"LOG_FREQ": "1", "PREEMPT_CHECK_EVERY": "2"}
-"""What the uninterrupted job and the warned one share beyond two_node_env: a loss a step."""
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(netns_cluster: NetnsSlurmCluster, data, tmp_path_factory  # noqa: F811
-                  ) -> tuple[Path, Path, object, str]:
-    """`sbatch run.sub` across the two nodes, run to its end: (its log, its checkpoint folder,
-    the job's result, its output)."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    logdir, ckpt = tmp / "results", tmp / "ckpt"
-    job = sbatch_run_sub(netns_cluster, two_node_env(data, logdir, CHECKPOINT_DIR=str(ckpt),
-                                                     **KEEP), tmp / "slurm.out")
-    result = netns_cluster.wait(job, timeout=240)
-    return logdir / "result_mn_1.txt", ckpt, result, (tmp / "slurm.out").read_text()
-
-
-def test_sbatch_run_sub_trains_across_two_nodes(uninterrupted):
-    log, _, result, out = uninterrupted
-    assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-4000:]
-    assert result.fields["NodeList"] == "n[1-2]"
-    assert "global batch 16 (4 ranks" in out
-    assert_compliant(log)
 
 
 def test_mpirun_across_the_two_namespaces(netns_cluster: NetnsSlurmCluster, data,  # noqa: F811
@@ -135,75 +107,6 @@ def test_a_cut_link_ends_the_job_naming_the_lost_ranks_and_the_run_resumes(
     log = logdir / "result_mn2_1.txt"
     assert [e for e in events(log) if e["key"] == "resumed"]
     assert_compliant(log)
-
-
-def logged_steps(log: Path) -> int:
-    """train_loss events in a log being written (0 while a line is half there)."""
-    try:
-        return len([e for e in events(log) if e["key"] == "train_loss"]) if log.exists() else 0
-    except ValueError:
-        return 0
-
-
-def test_the_warning_checkpoints_requeues_and_the_job_finishes_by_itself(
-        netns_cluster: NetnsSlurmCluster, data, tmp_path, uninterrupted):  # noqa: F811
-    """Slurm's warning to the batch shell (scancel --signal=USR1 --batch, what --signal=B:USR1@N
-    sends before the time limit): run.sub passes it to the 4 ranks, they checkpoint at a step
-    they agree on and end their log aborted ("preempted, checkpoint at step N"), run.sub
-    requeues the job, and the requeued job resumes that trial with RESUME_FROM=auto and
-    finishes it: a compliant log of a resumed run, the preempted one kept beside it, their loss
-    curve joined the uninterrupted job's (rtol 1e-5), the same model at the end."""
-    logdir, ckpt = tmp_path / "results", tmp_path / "ckpt"
-    env = two_node_env(data, logdir, CHECKPOINT_DIR=str(ckpt), **KEEP)
-    out = tmp_path / "job.out"
-    job = netns_cluster.sbatch(ROOT / "run.sub", "--nodes=2", "--ntasks-per-node=2",
-                               f"--output={out}", env=env, cwd=ROOT)  # run.sub's --requeue
-    log = logdir / "result_mn_1.txt"
-    deadline = time.monotonic() + 180
-    while logged_steps(log) < 5:
-        assert time.monotonic() < deadline, out.read_text()[-3000:] if out.exists() else job
-        time.sleep(0.2)
-    netns_cluster.run(["scancel", "--signal=USR1", "--batch", job])
-    deadline = time.monotonic() + 120  # requeued, Slurm holds it 2 min (BeginTime): not here
-    while (netns_cluster.job(job).get("Restarts"), netns_cluster.job(job).get("JobState"),
-           netns_cluster.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split()) != \
-            ("1", "PENDING", ["idle"] * 2):
-        assert time.monotonic() < deadline, out.read_text()[-3000:]
-        time.sleep(0.2)
-    time.sleep(5)  # sooner, a node may still refuse the job ("already killed")
-    netns_cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-    result = netns_cluster.wait(job, timeout=240)
-    text = out.read_text()
-    assert (result.state, result.exit_code) == ("COMPLETED", 0), (result, text[-4000:])
-    assert result.fields["Restarts"] == "1", result.fields
-    assert f"trial 1 stopped at the preemption warning; requeueing job {job}" in text
-    kept = logdir / "result_mn_1.txt.1"
-    [stop] = [e["metadata"] for e in events(kept) if e["key"] == "run_stop"]
-    step = int(stop["reason"].removeprefix("preempted, checkpoint at step "))
-    assert stop["status"] == "aborted" and step % 2 == 0
-    [resumed] = [e for e in events(log) if e["key"] == "resumed"]
-    assert resumed["metadata"]["step"] == step
-    assert_compliant(log)
-    whole_log, whole_ckpt, whole, _ = uninterrupted
-    assert whole.state == "COMPLETED"
-    joined = {**step_losses(kept), **step_losses(log)}
-    expected = step_losses(whole_log)
-    assert sorted(joined) == sorted(expected)
-    assert [joined[s] for s in sorted(joined)] == pytest.approx(
-        [expected[s] for s in sorted(expected)], rel=1e-5)
-    a, b = (torch.load(newest_first(c)[0], weights_only=True)["model"]
-            for c in (whole_ckpt, ckpt))
-    for k in a:  # not bitwise: a new DDP's first step buckets the gradients otherwise, and a
-        # 4-rank gloo ring then adds some elements in another order (2 ranks: bitwise,
-        # tests/e2e/test_preemption.py). Measured: the attention key biases differ by up to
-        # 2e-5 (their gradient is zero in exact arithmetic, so LAMB steps on rounding), every
-        # other tensor by under 1e-6.
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5,
-                                   atol=1e-4 if k.endswith("self.key.bias") else 1e-5, msg=k)
-
-
-def step_losses(log: Path) -> dict[int, float]:
-    return {e["metadata"]["step"]: e["value"] for e in events(log) if e["key"] == "train_loss"}
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from tests.support.runs import LAUNCH_TIMEOUT, base_env, launch, reaped
 pytestmark = pytest.mark.slow
 
 LAUNCH = [sys.executable, "-m", "bertperf", "launch", "--nproc-per-node", "2", "train"]
-STEPS, EVERY = "40", "4"
+STEPS, EVERY = "32", "4"
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def model(folder: Path) -> dict[str, torch.Tensor]:
 
 
 ENV = {"MAX_STEPS": STEPS, "PREEMPT_CHECK_EVERY": EVERY, "EVAL_ITER_SAMPLES": "160",
-       "CHECKPOINT_EVERY": "20", "SUBMISSION_DIVISION": "open"}  # 40 steps: not the target
+       "CHECKPOINT_EVERY": "16", "SUBMISSION_DIVISION": "open"}  # 32 steps: not the target
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_launch_forwards_the_warning_and_the_job_resumes_on_the_same_curve(data,
     [stop] = [e["metadata"] for e in events(cut / "result_0.txt") if e["key"] == "run_stop"]
     step = int(stop["reason"].removeprefix("preempted, checkpoint at step "))
     assert stop["status"] == "aborted" and step % int(EVERY) == 0 and step >= 12
-    written = {file_name(step)} | ({file_name(20)} if step > 20 else set())  # CHECKPOINT_EVERY
+    written = {file_name(step)} | ({file_name(16)} if step > 16 else set())  # CHECKPOINT_EVERY
     assert {p.name for p in (cut / "ckpt").glob("ckpt_*.pt")} == written
     assert sorted(losses(cut / "result_0.txt")) == list(range(1, step + 1))
 
@@ -122,11 +122,11 @@ def kill_rank_after(job: subprocess.Popen, log: Path, step: int) -> int:
     return pid
 
 
-@pytest.mark.parametrize("at, kills", [(22, 1), (22, 2), (5, 1)])
+@pytest.mark.parametrize("at, kills", [(18, 1), (18, 2), (5, 1)])
 def test_a_killed_rank_restarts_the_job_from_its_checkpoint(data, whole, tmp_path, at, kills):
-    """--max-restarts 3, rank 1 killed at step 22 (after the checkpoint at 20): every rank starts
+    """--max-restarts 3, rank 1 killed at step 18 (after the checkpoint at 16): every rank starts
     again from it, the dead rank named once, and the job finishes on the uninterrupted curve;
-    killed at step 22 again, before a newer checkpoint, it stops with one line. Killed at step 5,
+    killed at step 18 again, before a newer checkpoint, it stops with one line. Killed at step 5,
     before any checkpoint: every rank starts again from the start, to the same end."""
     out = tmp_path / "job"
     with reaped(subprocess.Popen([*LAUNCH[:-1], "--max-restarts", "3", "train"],
@@ -139,11 +139,11 @@ def test_a_killed_rank_restarts_the_job_from_its_checkpoint(data, whole, tmp_pat
             while not (out / "result_0.txt.1").exists():  # the restarted ranks' new log
                 assert time.monotonic() < deadline and job.poll() is None
                 time.sleep(0.05)
-            pids.append(kill_rank_after(job, out / "result_0.txt", 22))
+            pids.append(kill_rank_after(job, out / "result_0.txt", at))
         text, _ = job.communicate(timeout=LAUNCH_TIMEOUT)
     said = [line for line in text.splitlines() if line.startswith(("launch: ", "bertperf: "))]
     died = f"rank 1 (local rank 1, pid {pids[0]}) died: SIGKILL"
-    start = out / "ckpt" / file_name(20) if at > 20 else "the start"
+    start = out / "ckpt" / file_name(16) if at > 16 else "the start"
     assert said[0] == f"launch: {died}; starting every rank again from {start} (restart 1 of " \
         "3)", text[-3000:]
     assert "Traceback" not in text, text[-3000:]
@@ -154,4 +154,4 @@ def test_a_killed_rank_restarts_the_job_from_its_checkpoint(data, whole, tmp_pat
         assert job.returncode == 1, text[-3000:]
         assert said[1:] == [f"bertperf: error: rank 1 (local rank 1, pid {pids[1]}) died: "
                             f"SIGKILL, again with no checkpoint newer than "
-                            f"{out / 'ckpt' / file_name(20)}: not restarting"], text[-3000:]
+                            f"{out / 'ckpt' / file_name(16)}: not restarting"], text[-3000:]

@@ -91,7 +91,7 @@ def test_the_command_prints_the_model_table(capsys, monkeypatch):
     scale; a throwaway GPU entry of perfmodel/gpus.py priced beside them (one entry, nothing
     else changed)."""
     from bertperf.perfmodel import gpus
-    from tests.unit.test_model_entries import NEW_GPU
+    from tests.unit.test_model_cluster import NEW_GPU
 
     monkeypatch.setitem(gpus.GPUS, NEW_GPU.name, NEW_GPU)
     assert main(["model", "step", "--gpu",

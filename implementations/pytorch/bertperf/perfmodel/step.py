@@ -27,7 +27,7 @@ from bertperf.formats.packed import Packed
 from bertperf.formats.samples import Samples, offsets_from_lengths, ranges
 from bertperf.host import cpu_name
 from bertperf.perfmodel import TOLERANCE
-from bertperf.perfmodel.gpus import A100, H100
+from bertperf.perfmodel.gpus import A100, H100, anchors
 
 MODEL_BATCH = 56
 MODEL_ACCUMULATION = {"varlen": 8, "packed": 4}
@@ -273,7 +273,7 @@ def print_model(names: list[str]) -> None:
     print("(a model, not a measurement: `make gpu-check` measures the real thing)")
     if H100 not in names:
         return
-    nvidia = gpus.anchors()["mlperf_fp8", H100]
+    nvidia = anchors()["mlperf_fp8", H100]
     h100, where = H100, nvidia.source.split(" (")[0]
     print("calibration checked on the A100 by `python -m bertperf model scale` (NVIDIA's MLPerf "
           "1xDGX A100 rows, the line under its table; tests/unit/test_model_scale.py holds it "
