@@ -24,6 +24,7 @@ def parameters():
     return params, sum(p.numel() for p in model.bert.embeddings.parameters())
 
 
+@cache
 def parameter_count() -> int:
     """BERT-large's trained parameters."""
     return sum(p.numel() for p in parameters()[0])

@@ -130,6 +130,7 @@ LAMB) reaches, from anchors.csv's bandwidth rows: A100 1.616 / 2.039 = 0.79 (an 
 H100 3.0 / 3.35 = 0.90 (the developers' copy on one H100 SXM)."""
 
 
+@functools.cache
 def _gpu(g: gpus.Gpu) -> Gpu:
     like = g.calibrated_on
     return Gpu(g.name, g.tensor_flops, g.vector_flops, g.bandwidth, MATMUL_EFFICIENCY[like],
