@@ -12,7 +12,7 @@ from dataclasses import fields
 
 from bertperf.config import (RunConfig, default_text, doc, environment_warnings, load,
                              process_environment, tunables, yes_no)
-from bertperf.errors import UserError
+from bertperf.errors import PREEMPTION_SIGNAL, UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def warn(lines: list[str]) -> None:
 def run(args: argparse.Namespace) -> int:
     # the preemption warning, until the trainer takes it (dist.failures_as_errors): one during
     # start-up is dropped, where SIGUSR1's default would end the process
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(PREEMPTION_SIGNAL, signal.SIG_IGN)
     flags = {k: v for k, v in vars(args).items() if "." in k}
     environ = process_environment()
     hints = environment_warnings(environ, flags)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as tdist
 
 from bertperf.config import DistConfig
-from bertperf.errors import UserError
+from bertperf.errors import PREEMPTION_SIGNAL, UserError
 
 
 @dataclass
@@ -183,12 +183,6 @@ def _first_line(exc: BaseException) -> str:
 
 _terminated: list[str] = []  # the SIGTERM message, once the signal came (handlers are per process)
 _warned = threading.Event()  # the preemption warning (SIGUSR1) came to this process
-
-PREEMPTION_SIGNAL = signal.SIGUSR1
-"""The warning Slurm sends before a job's time limit or its preemption (run.sub asks for it:
---signal=B:USR1@seconds) and run.sub forwards to every rank; the trainer then checkpoints at the
-next step boundary the ranks agree on (checkpoint.Checkpointer.preempted)."""
-
 
 _grace: list[Callable[[], bool]] = []  # whether a SIGTERM may wait for a checkpoint (grace_by)
 

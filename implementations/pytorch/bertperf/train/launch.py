@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from bertperf.errors import PREEMPTED, UserError
+from bertperf.errors import PREEMPTED, PREEMPTION_SIGNAL, UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -116,7 +116,7 @@ def children(pid: int) -> list[int]:
 
 
 def forward_warning(signum, frame) -> None:
-    """The preemption warning (train.dist.PREEMPTION_SIGNAL), to every rank this launcher
+    """The preemption warning (errors.PREEMPTION_SIGNAL), to every rank this launcher
     started: each acts on it at a step (the launcher itself carries on)."""
     for child in children(os.getpid()):
         with contextlib.suppress(ProcessLookupError):
@@ -124,7 +124,7 @@ def forward_warning(signum, frame) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGUSR1, forward_warning)
+    signal.signal(PREEMPTION_SIGNAL, forward_warning)
     if args.nproc_per_node < 1:
         raise UserError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
     from torch.distributed.elastic.multiprocessing.api import SignalException
