@@ -25,7 +25,7 @@ from bertperf.errors import UserError
 from bertperf.formats.files import atomic_output
 from bertperf.model.bert_config import BertConfig
 from bertperf.model.convert_cli import read_torch_file
-from bertperf.train.dist import Dist, FollowOnError, agree, grace_by, warned
+from bertperf.train.dist import Dist, FollowOnError, grace_by, warned
 
 FORMAT = "bertperf-checkpoint-4"  # 4: the parts' states by name, the counters as "progress"
 OLDER = {"bertperf-checkpoint-3"}  # 3: the counters at the top level (upgraded on load)
@@ -278,7 +278,7 @@ class Checkpointer:
 
     def preempted(self, step: int) -> bool:
         """After each step, past maybe_save: every PREEMPT_CHECK_EVERY steps (with CHECKPOINT_DIR)
-        the ranks agree whether the preemption warning reached any of them (dist.agree); if it
+        the ranks agree whether the preemption warning reached any of them (Dist.any); if it
         did, every rank saves this step's checkpoint (unless maybe_save just did) and the run is
         to stop."""
         now = time.perf_counter()
@@ -286,8 +286,8 @@ class Checkpointer:
             self.step_seconds = (now - self.last_step[1]) / (step - self.last_step[0])
         self.last_step = (step, now)
         every, folder = self.settings.preempt_check_every, self.settings.checkpoint_dir
-        if folder is None or not every or step % every or not agree(warned(), self.dist,
-                                                                     self.device):
+        if folder is None or not every or step % every or not self.dist.any(warned(),
+                                                                             self.device):
             return False
         if self.saved != folder / file_name(step):
             self.save(folder / file_name(step))

@@ -37,6 +37,13 @@ class Dist:
             tdist.all_reduce(out)
         return out
 
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """Whether `flag` holds on any rank: every rank calls it at the same point (one
+        all-reduce and one host sync; none with one rank)."""
+        if not self.active:
+            return flag
+        return bool(self.sum(torch.tensor([float(flag)], device=device)).item())
+
     def from_rank0(self, value: int, device: torch.device) -> int:
         """Rank 0's value of an integer, on every rank."""
         if not self.active:
@@ -196,16 +203,6 @@ def grace_by(fits: Callable[[], bool]) -> None:
 def warned() -> bool:
     """Whether the preemption warning reached this process (failures_as_errors' handler)."""
     return _warned.is_set()
-
-
-def agree(flag: bool, dist: Dist, device: torch.device) -> bool:
-    """Whether `flag` holds on any rank: every rank calls it at the same point (one all-reduce
-    and one host sync; none with one rank)."""
-    if dist.world_size == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-    return bool(t.item())
 
 
 def raise_if_terminated() -> None:
