@@ -55,6 +55,7 @@ CASES = {
     "layerwise_stages_outlast_run": ({**OPEN, "LAYERWISE": "1:1000000,2"}, {}, "MAX_STEPS"),
     "layerwise_last_not_whole_model": ({**OPEN, "LAYERWISE": "1:8,3"}, {}, "BERT_CONFIG"),
     "fp8_without_torchao": ({"FP8": "emulate", "PRECISION": "bf16"}, {"torchao": False}, "FP8"),
+    "tensorboard_without_package": ({"TENSORBOARD": "1"}, {"tensorboard": False}, "TENSORBOARD"),
     "fp8_without_fp8_gpu": ({"FP8": "1", "PRECISION": "bf16"}, {"cuda": False}, "FP8=1"),
     "fused_kernels_on_cpu": ({"FUSED_KERNELS": "1", "DEVICE": "cpu"}, {}, "DEVICE=cpu"),
     "fused_kernels_without_triton": ({"FUSED_KERNELS": "1"}, {"triton": False}, "FUSED_KERNELS"),
@@ -104,7 +105,7 @@ def test_a_plain_cpu_run_passes_and_probes_nothing(envs):
     from bertperf.train.allowed import refusal
     facts = facts_for(envs, {})
     assert refusal(facts) is None
-    assert not {"cuda", "gpus", "on_gpu", "triton", "torchao", "fp8_problem",
+    assert not {"cuda", "gpus", "on_gpu", "triton", "torchao", "tensorboard", "fp8_problem",
                 "compressing_rank"} & facts.__dict__.keys()
 
 

@@ -64,24 +64,46 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """TENSORBOARD=1's curves in `folder` as TensorBoard shows them, (step, value) by tag: what
+    a resumed run purged left out."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
 def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, data):
+    """A run resumed from its latest checkpoint (mid-epoch, between evals) and from step 8 (the
+    end of epoch 0) trains on the uninterrupted run's curve, bitwise, to the same model; with
+    TENSORBOARD=1 in the first run's folder, its curves are the uninterrupted run's, each step
+    once (the second resume's steps 9 and 10, trained again, hide the first run's)."""
     from bertperf.train.checkpoint import file_name, newest_first
-    full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck_a")))
+    board = {"TENSORBOARD": "1", "LOG_FREQ": "1"}
+    full = run(monkeypatch, base_env(data, tmp_path / "a", CHECKPOINT_DIR=str(tmp_path / "ck_a"),
+                                     **board))
     assert len(full) == N and len(set(full)) == N
     assert sorted(p.name for p in (tmp_path / "ck_a").iterdir()) == [file_name(N)]  # end only
+    uninterrupted = curves(tmp_path / "a" / "log.txt.tensorboard")
+    assert set(uninterrupted) == {"train/loss", "train/lr", "train/sequences_per_s",
+                                  "train/tokens_per_s", "eval/mlm_accuracy"}
+    assert [step for step, _ in uninterrupted["eval/mlm_accuracy"]] == list(range(3, N + 1, 3))
+    assert uninterrupted["train/loss"] == [(s + 1, pytest.approx(loss, rel=1e-6))
+                                           for s, loss in enumerate(full)]
 
     ck = tmp_path / "ck_b"
     half = run(monkeypatch, base_env(data, tmp_path / "b", CHECKPOINT_DIR=str(ck),
-                                     CHECKPOINT_EVERY="4", MAX_SAMPLES_TERMINATION=str(N // 2 * 8)))
+                                     CHECKPOINT_EVERY="4", MAX_SAMPLES_TERMINATION=str(N // 2 * 8),
+                                     **board))
     assert half == full[:N // 2]
     assert sorted(p.name for p in ck.iterdir()) == [file_name(s) for s in (4, 8, 10)]
     assert newest_first(ck)[0] == ck / file_name(10)
 
-    # from the latest (mid-epoch, between evals) and from step 8 (the end of epoch 0)
-    for resume_from, k, out in (("auto", N // 2, "c"), (str(ck / file_name(8)), 8, "d")):
-        ck_out = ck if resume_from == "auto" else tmp_path / f"ck_{out}"
-        rest = run(monkeypatch, base_env(data, tmp_path / out, CHECKPOINT_DIR=str(ck_out),
-                                         RESUME_FROM=resume_from))
+    for resume_from, k, ck_out in (("auto", N // 2, ck),
+                                   (str(ck / file_name(8)), 8, tmp_path / "ck_d")):
+        rest = run(monkeypatch, base_env(data, tmp_path / "b", CHECKPOINT_DIR=str(ck_out),
+                                         RESUME_FROM=resume_from, **board))
         assert rest == full[k:], (resume_from, rest, full[k:])  # bitwise: float == float
         final = ck_out / file_name(N)
         a, b = tensors(tmp_path / "ck_a" / file_name(N)), tensors(final)
@@ -89,7 +111,7 @@ def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, dat
         for name in a:
             assert torch.equal(a[name], b[name]), name
         events = [json.loads(l.split(":::MLLOG ", 1)[1])
-                  for l in (tmp_path / out / "log.txt").read_text().splitlines()]
+                  for l in (tmp_path / "b" / "log.txt").read_text().splitlines()]
         first_block = next(e for e in events if e["key"] == "block_start")
         assert first_block["metadata"]["samples_count"] == k * 8
         assert [e["value"] for e in events if e["key"] == "train_samples"] == [N * 8]
@@ -99,7 +121,11 @@ def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, dat
                 for e in events if e["key"] == "resumed"] == [(str(source), k, k * 8)]
         assert f"resuming from {source}: step {k}, {k * 8} samples trained" in \
             capsys.readouterr().err
-        assert "SUCCESS" in checker(tmp_path / out / "log.txt").stderr
+        assert "SUCCESS" in checker(tmp_path / "b" / "log.txt").stderr
+    joined = curves(tmp_path / "b" / "log.txt.tensorboard")
+    assert [s for s, _ in joined["train/loss"]] == list(range(1, N + 1))
+    for tag in ("train/loss", "train/lr", "eval/mlm_accuracy"):
+        assert joined[tag] == uninterrupted[tag], tag
 
 
 def test_a_checkpoint_of_the_previous_format_resumes_on_the_same_curve(tmp_path, monkeypatch,

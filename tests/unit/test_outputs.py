@@ -109,6 +109,11 @@ def train_check(inp: Path, out: Path) -> list[str]:
             "--batch-size", "8", "--lr", "1e-3", "--max-steps", "10", "--device", "cpu"]
 
 
+def tensorboard_check(inp: Path, out: Path) -> list[str]:
+    return [*train_check(inp, inp.parent / "log.txt"), "--tensorboard", "--tensorboard-dir",
+            str(out)]
+
+
 def submitted(folder: Path) -> None:
     """An earlier submission of org "data", system "s"."""
     (folder / "data" / "results" / "s" / "bert").mkdir(parents=True)
@@ -151,6 +156,8 @@ WRITERS = {
     "mlperf log": Writer("MLLOG_FILE", "eval.hdf5", train_check,
                          file_of(b':::MLLOG {"key": "run_start"}\n'), force=False,
                          make_input=dataset),
+    "tensorboard": Writer("TENSORBOARD_DIR", "eval.hdf5", tensorboard_check, marked("tensorboard"),
+                          force=False, make_input=dataset),
     "submission": Writer("--out", "result_0.txt",
                          lambda i, o: ["submission", "--run-dir", str(i.parent), "--org", "data",
                                        "--system", "s", "--out", str(o)], submitted,

@@ -69,7 +69,7 @@ def test_no_host_sync_inside_training_steps(packed_env, tmp_path, monkeypatch, f
     with Ops():
         stop = loop.run_loop(trainer, report=lambda line: None)
     assert (stop.status, len(reports)) == ("aborted", 3)  # MAX_STEPS; reports at 4, 8, 12
-    assert all(np.isfinite(loss) for loss, *_ in reports)
+    assert all(np.isfinite(r.loss) for r in reports)
     assert syncs == [] and ops == []
 
 

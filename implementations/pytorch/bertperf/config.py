@@ -314,6 +314,15 @@ class TrainConfig:
     plot: bool = setting("PLOT", yes_no, False, doc="""
         At the end of the run, draw loss and accuracy curves into <MLPerf log>.png (`python -m
         bertperf plot` draws them from any log).""")
+    tensorboard: bool = setting("TENSORBOARD", yes_no, False, doc="""
+        Rank 0 writes the run's scalars (train loss, LR, sequences and tokens a second, eval
+        accuracy; by optimizer step) as TensorBoard event files into TENSORBOARD_DIR (the
+        `tensorboard` extra: pip install 'bertperf[tensorboard]'). A resumed run goes on along
+        the same curves: what an earlier run logged after its checkpoint is hidden, its files
+        kept.""")
+    tensorboard_dir: Path | None = setting("TENSORBOARD_DIR", Path, doc="""
+        TENSORBOARD=1's folder; default <MLPerf log>.tensorboard (`tensorboard --logdir LOGDIR`
+        shows each log's run).""")
 
 
 # ---- checkpoints (bertperf.train.checkpoint) ---------------------------------------------------
@@ -530,6 +539,10 @@ class RunConfig:
     @property
     def log_path(self) -> Path:
         return self.train.log_file or self.train.output_dir / "result_0.txt"
+
+    @property
+    def tensorboard_path(self) -> Path:
+        return self.train.tensorboard_dir or Path(f"{self.log_path}.tensorboard")
 
 
 SECTIONS = ("model", "data", "optim", "train", "checkpoint", "layerwise", "dist")

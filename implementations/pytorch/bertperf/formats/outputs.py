@@ -92,6 +92,7 @@ KINDS: dict[str, Kind] = {
                        or starts_with(b":::MLLOG")(path), reused=True),
     "plan": Kind(folder=False, own=has_line(b"# Written by `python -m bertperf")),
     "plot": Kind(folder=False, own=PNG),
+    "tensorboard": Kind(folder=True, reused=True),
     "submission": Kind(folder=True, own=holds("systems", "results", "benchmarks"), reused=True),
     "model validate": Kind(folder=False, own=PNG),
     "convert-ckpt": Kind(folder=False, own=ZIP),

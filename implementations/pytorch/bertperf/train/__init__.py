@@ -23,5 +23,6 @@
                  reduction, compile, CUDA graphs)
   preflight.py   data checks against the manifests and the model's vocab, before the log opens
   rank.py        the `rank` subcommand: this process's rank, world size and local rank
+  scalars.py     TENSORBOARD: the loop's scalars as TensorBoard event files, by rank 0
   warmstart.py   the sanity eval after loading INIT_CHECKPOINT
 """

@@ -2,8 +2,8 @@
 the training folder holds, with the model and the run's length, with this machine) is one row of
 REFUSED, and `check` says the first that fires in one line before any log is written
 (train.checks.prepare: `train` and `train --check`). A row reads a Facts, which works out what
-rows ask (the model's shapes, the warm-up's end, CUDA, Triton, torchao) once, when one first asks:
-a run that sets nothing needing a GPU probes none. The values a setting takes alone are
+rows ask (the model's shapes, the warm-up's end, CUDA, Triton, installed packages) once, when one
+first asks: a run that sets nothing needing a GPU probes none. The values a setting takes alone are
 config.py's (`choices`, `validate`); checks of the data itself are train.checks'."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from bertperf.train import comm, layout
 
 SETTINGS, DATA, MACHINE = "settings", "data", "machine"
 """What a row reads besides the settings: nothing more; the training folder, the model's shape
-or the global batch; this machine (CUDA, GPUs, Triton, torchao)."""
+or the global batch; this machine (CUDA, GPUs, Triton, torchao, tensorboard)."""
 
 
 def on_cpu(cfg: RunConfig) -> bool:
@@ -130,6 +130,10 @@ class Facts:
     @cached_property
     def torchao(self) -> bool:
         return importlib.util.find_spec("torchao") is not None
+
+    @cached_property
+    def tensorboard(self) -> bool:
+        return importlib.util.find_spec("tensorboard") is not None
 
     @cached_property
     def fp8_problem(self) -> str | None:
@@ -306,6 +310,11 @@ REFUSED: tuple[Refusal, ...] = (
             lambda f: f.t.fp8 != "0" and not f.torchao,
             lambda f: f"FP8={f.t.fp8} trains with torchao's float8 training, which is not "
                       f"installed here ({_torchao_hint()}; or make setup)"),
+    Refusal("tensorboard_without_package", MACHINE,
+            lambda f: f.t.tensorboard and not f.tensorboard,
+            lambda f: "TENSORBOARD=1 writes through torch.utils.tensorboard, which needs the "
+                      "tensorboard package, and it is not installed here (pip install "
+                      "'bertperf[tensorboard]', or pip install tensorboard)"),
     Refusal("fp8_without_fp8_gpu", MACHINE,  # a rank without a GPU: rank_without_gpu says it
             lambda f: f.t.fp8 == "1" and not (f.on_gpu and f.cfg.dist.local_rank >= f.gpus)
             and f.fp8_problem is not None,

@@ -81,21 +81,22 @@ def check_outputs(cfg: RunConfig) -> None:
     """The folders the run writes, the MLPerf log's (LOGDIR, or MLLOG_FILE's folder) and
     CHECKPOINT_DIR, are folders this process can write into, or can be made
     (files.folder_problem), and the log is none of the run's inputs and no file but an earlier
-    MLPerf log (formats.outputs; an earlier log is kept as <path>.N): checked before the run
-    reads its data and trains."""
+    MLPerf log (formats.outputs; an earlier log is kept as <path>.N), PLOT's and TENSORBOARD's
+    outputs none but their own: checked before the run reads its data and trains."""
     named = cfg.train.log_file is not None
     for name, folder in (("LOGDIR", None if named else cfg.log_path.parent),
                          ("CHECKPOINT_DIR", cfg.checkpoint.checkpoint_dir)):
         if folder is not None and (why := folder_problem(folder)):
             raise UserError(f"{name} {folder}: {why}")
     bert_config = None if cfg.model.bert_config in NAMED else cfg.model.bert_config
-    claim("MLLOG_FILE" if named else "the MLPerf log", cfg.log_path,
-          "mlperf log", inputs=[("DATADIR_PHASE2", cfg.data.train_dir),
-                                ("EVAL_FILE", cfg.data.eval_file),
-                                ("INIT_CHECKPOINT", cfg.model.init_checkpoint),
-                                ("BERT_CONFIG", bert_config)])
+    inputs = [("DATADIR_PHASE2", cfg.data.train_dir), ("EVAL_FILE", cfg.data.eval_file),
+              ("INIT_CHECKPOINT", cfg.model.init_checkpoint), ("BERT_CONFIG", bert_config)]
+    claim("MLLOG_FILE" if named else "the MLPerf log", cfg.log_path, "mlperf log", inputs=inputs)
     if cfg.train.plot:  # <log>.png: the curves of an earlier run are redrawn, nothing else
         claim("PLOT=1's", Path(f"{cfg.log_path}.png"), "plot", force=True)
+    if cfg.train.tensorboard:  # an earlier run's curves are added to, nothing else
+        claim("TENSORBOARD_DIR" if cfg.train.tensorboard_dir else "TENSORBOARD=1's",
+              cfg.tensorboard_path, "tensorboard", inputs=inputs)
 
 
 def matmul_slowdown(dtype: torch.dtype, n: int = 256, repeats: int = 10) -> float:

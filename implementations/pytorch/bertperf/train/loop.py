@@ -42,6 +42,7 @@ from bertperf.train.checks import check_run, on_cpu, prepare, run_warnings
 from bertperf.train.evaluation import load_eval_share, mlm_accuracy
 from bertperf.train.layout import layout_of
 from bertperf.train.parallel import Plan, parallelize
+from bertperf.train.scalars import Scalars, open_scalars
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -82,6 +83,9 @@ class Trainer(Step):
     """LAYERWISE's stages: the loop takes a new stage's plan and schedule from `before_step`."""
     checkpointer: checkpoint.Checkpointer = field(init=False)
     """Saves and resumes `parts()`."""
+    scalars: Scalars = field(default_factory=Scalars)
+    """Where the loop's scalars go besides the log (TENSORBOARD: main opens them once the run
+    knows its first step)."""
 
     def __post_init__(self) -> None:
         dataset = self.loader.dataset
@@ -418,17 +422,43 @@ class Interval:
         self.tokens += sum(m.host.tokens for m in micro)
         self.sequences += sum(m.host.global_sequences for m in micro)
 
-    def read(self, dist: distributed.Dist, lr: torch.Tensor) -> tuple[float, float, str, float]:
-        """(the interval's mean step loss, summed over ranks; the LR `lr` holds now; the
-        interval's rates; its seconds a step); starts the next interval."""
+    def read(self, dist: distributed.Dist, lr: torch.Tensor) -> Reading:
+        """The interval's figures, the LR `lr` holds now among them; starts the next
+        interval."""
         loss, tokens = dist.sum(torch.stack([self.loss, self.loss.new_tensor(self.tokens)])
                                 ).tolist()
         seconds = time.perf_counter() - self.since
-        mean = loss / dist.world_size / max(self.steps, 1)
-        rates = f"seq/s {self.sequences / seconds:.1f} tokens/s {tokens / seconds:.0f}"
-        per_step = seconds / max(self.steps, 1)
+        steps = max(self.steps, 1)
+        reading = Reading(loss / dist.world_size / steps, float(lr), self.sequences / seconds,
+                          tokens / seconds, seconds / steps)
         self.restart()
-        return mean, float(lr), rates, per_step
+        return reading
+
+
+@dataclass(frozen=True)
+class Reading:
+    """An interval's figures (Interval.read)."""
+
+    loss: float
+    """The mean step loss (every rank's summed)."""
+    lr: float
+    sequences_per_s: float
+    """Sequences trained a second, every rank's (MLPerf's samples)."""
+    tokens_per_s: float
+    """Tokens trained a second, every rank's (the sequences' lengths, no padding)."""
+    per_step: float
+    """Seconds a step."""
+
+    @property
+    def rates(self) -> str:
+        return f"seq/s {self.sequences_per_s:.1f} tokens/s {self.tokens_per_s:.0f}"
+
+    @property
+    def scalars(self) -> dict[str, float]:
+        """The figures a scalar each (Trainer.scalars)."""
+        return {"train/loss": self.loss, "train/lr": self.lr,
+                "train/sequences_per_s": self.sequences_per_s,
+                "train/tokens_per_s": self.tokens_per_s}
 
 
 def eta(step: int, last: int, per_step: float) -> str:
@@ -515,16 +545,18 @@ def run_loop(trainer: Trainer, report: Callable[[str], None],
         capped = samples >= cfg.train.max_samples_termination or step >= cfg.optim.max_steps
         if logged or evaluated or capped:
             lr_now = trainer.plan.optimizer.param_groups[0]["lr"]
-            loss, lr, rates, per_step = interval.read(trainer.dist, lr_now)
-            if not math.isfinite(loss):
-                report(f"step {step}: non-finite loss {loss}; aborting")
+            reading = interval.read(trainer.dist, lr_now)
+            if not math.isfinite(reading.loss):
+                report(f"step {step}: non-finite loss {reading.loss}; aborting")
                 blocks.stop(samples)
                 return Stop(C.ABORTED, samples, nonfinite=True)
             if logged:
-                report(f"step {step} samples {samples} loss {loss:.4f} lr {lr:.3e} {rates} "
-                       f"({eta(step, last_step, per_step)})")
-                trainer.log.event(TRAIN_LOSS, loss,
-                                  metadata={"samples_count": samples, "step": step, "lr": lr})
+                report(f"step {step} samples {samples} loss {reading.loss:.4f} lr "
+                       f"{reading.lr:.3e} {reading.rates} "
+                       f"({eta(step, last_step, reading.per_step)})")
+                trainer.log.event(TRAIN_LOSS, reading.loss, metadata={
+                    "samples_count": samples, "step": step, "lr": reading.lr})
+                trainer.scalars.add(step, reading.scalars)
         if evaluated:
             while progress.next_eval <= samples:
                 progress.next_eval += cfg.eval_interval(trainer.global_batch_size)
@@ -532,6 +564,7 @@ def run_loop(trainer: Trainer, report: Callable[[str], None],
             accuracy = blocks.evaluate(samples, evaluate)
             events.eval_end(samples, accuracy)
             report(f"eval at {samples} samples: mlm accuracy {accuracy:.4f}")
+            trainer.scalars.add(step, {"eval/mlm_accuracy": accuracy})
             if accuracy >= cfg.train.target_accuracy:
                 return Stop(C.SUCCESS, samples)
         trainer.checkpointer.maybe_save(step, last=capped)  # CHECKPOINT_EVERY, and the end
@@ -581,6 +614,7 @@ def main(cfg: RunConfig, events: LoopEvents | None = None) -> int:
         try:
             trainer = setup(inputs, log)
             resume(trainer, inputs.resume, report)
+            trainer.scalars = open_scalars(cfg, trainer.dist.rank, trainer.progress.step + 1)
             del inputs  # its checkpoints' tensors are copied into the run's parts by now
             warm_up(trainer)
             log.end(C.INIT_STOP)
@@ -605,6 +639,7 @@ def main(cfg: RunConfig, events: LoopEvents | None = None) -> int:
         finally:
             if trainer is not None:  # DDP's reducer goes first, while the group is registered
                 trainer.plan.release()
+                trainer.scalars.close()
         # only here: after a failure the closing barrier would wait for a rank that is gone
         trainer.dist.close()
         return 1 if stop.nonfinite else PREEMPTED if stop.preempted is not None else 0
