@@ -464,7 +464,7 @@ def test_a_sigterm_with_grace_checkpoints_when_one_fits(tmp_path, monkeypatch, d
 
     from bertperf import config
     from bertperf.errors import PREEMPTED, UserError
-    from bertperf.train import loop
+    from bertperf.train import dist, loop
     from bertperf.train.checkpoint import file_name
     ck = tmp_path / "ck"
     env = base_env(data, tmp_path / "out", CHECKPOINT_DIR=str(ck), CHECKPOINT_EVERY="4",
@@ -486,3 +486,6 @@ def test_a_sigterm_with_grace_checkpoints_when_one_fits(tmp_path, monkeypatch, d
     else:
         assert loop.main(config.load(env)) == PREEMPTED
         assert len(steps) == stop and (ck / file_name(stop)).is_file()
+    # the signal was that run's: a later loop in this process (a test's) does not see it
+    dist.raise_if_terminated()
+    assert not dist.warned()

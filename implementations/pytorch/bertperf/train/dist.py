@@ -227,9 +227,12 @@ def failures_as_errors(rank: int) -> Iterator[None]:
         _terminated[:] = [f"rank {rank}: stopped by SIGTERM (the launcher or Slurm ended the job)"]
         raise FollowOnError(_terminated[0])
 
-    _terminated.clear()
-    _warned.clear()
-    _grace.clear()
+    def forget() -> None:  # a signal is this run's: none reaches another run of the process
+        _terminated.clear()
+        _warned.clear()
+        _grace.clear()
+
+    forget()
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     previous_warning = signal.signal(PREEMPTION_SIGNAL, lambda signum, frame: _warned.set())
     try:
@@ -244,3 +247,4 @@ def failures_as_errors(rank: int) -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(PREEMPTION_SIGNAL, previous_warning)
+        forget()
