@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.copy_task import make_dataset, packed_copy
-from tests.support.launch import assert_compliant, data, job_env  # noqa: F401
+from tests.support.launch import CAPPED, assert_compliant, data, job_env  # noqa: F401
 from tests.support.mlperf_logs import events
 from tests.support.net import free_port
 from tests.support.paths import ROOT
@@ -69,14 +69,15 @@ def test_run_and_time_starts_srun_ranks_from_a_batch_script(slurm_cluster: Slurm
     logdir = tmp_path / "results"
     script = tmp_path / "job.sh"
     script.write_text(f'#!/bin/bash\nexec bash "{ROOT / "run_and_time.sh"}"\n')
-    env = job_env(data, logdir, LAUNCHER="srun", MASTER_PORT=str(free_port()), CLEAR_CACHES="0")
+    env = job_env(data, logdir, LAUNCHER="srun", MASTER_PORT=str(free_port()), CLEAR_CACHES="0",
+                  **CAPPED)
     job = slurm_cluster.sbatch(script, "--nodes=1", "--ntasks-per-node=2",
                                f"--output={tmp_path / 'slurm.out'}", env=env, cwd=tmp_path)
     result = slurm_cluster.wait(job, timeout=300)
     out = (tmp_path / "slurm.out").read_text()
     assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-4000:]
     assert "RESULT,bert,0," in out
-    assert_compliant(logdir / "result_0.txt")
+    assert_compliant(logdir / "result_0.txt", "aborted")
 
 
 def test_run_sub_names_missing_data_and_image(slurm_cluster: SlurmCluster, data, tmp_path):
@@ -104,7 +105,7 @@ def test_run_and_time_started_by_mpirun_or_starting_it(data, tmp_path):
         logdir = tmp_path / how.replace(" ", "_")
         env = job_env(data, logdir, LAUNCHER=how.split()[0], MASTER_PORT=str(free_port()),
                       MASTER_ADDR="127.0.0.1", CLEAR_CACHES="0",
-                      MPIRUN_ARGS="--allow-run-as-root --oversubscribe")
+                      MPIRUN_ARGS="--allow-run-as-root --oversubscribe", **CAPPED)
         if how.endswith("run_and_time.sh"):
             run = subprocess.run(["mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe",
                                   "bash", str(ROOT / "run_and_time.sh")], env=env, cwd=tmp_path,
@@ -113,7 +114,7 @@ def test_run_and_time_started_by_mpirun_or_starting_it(data, tmp_path):
             run = run_and_time(env, tmp_path)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
         assert [l for l in run.stdout.splitlines() if l.startswith("RESULT,bert,0,")], how
-        results[how] = assert_compliant(logdir / "result_0.txt")
+        results[how] = assert_compliant(logdir / "result_0.txt", "aborted")
     assert results["mpirun"] == results["mpirun -np 2 run_and_time.sh"]
 
 

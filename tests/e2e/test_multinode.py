@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launch import assert_compliant, data, job_env  # noqa: F401
+from tests.support.launch import CAPPED, assert_compliant, data, job_env  # noqa: F401
 from tests.support.mlperf_logs import events
 from tests.support.net import free_port
 from tests.support.netns_cluster import NetnsSlurmCluster, netns_cluster  # noqa: F401
@@ -26,9 +26,10 @@ pytestmark = pytest.mark.slow
 
 
 def two_node_env(data: dict, logdir: Path, **extra: str) -> dict:  # noqa: F811
-    """The CPU config on 2 nodes x 2 ranks: BATCHSIZE 4 keeps test_launch's global batch 16."""
+    """The CPU config on 2 nodes x 2 ranks, CAPPED: BATCHSIZE 4 keeps test_launch's global
+    batch 16."""
     return job_env(data, logdir, DGXNNODES="2", BATCHSIZE="4", NEXP="1", CLEAR_CACHES="0",
-                   MASTER_PORT=str(free_port()), DATESTAMP="mn", **extra)
+                   MASTER_PORT=str(free_port()), DATESTAMP="mn", **{**CAPPED, **extra})
 
 
 def sbatch_run_sub(cluster: NetnsSlurmCluster, env: dict, out: Path) -> str:
@@ -61,7 +62,7 @@ def test_mpirun_across_the_two_namespaces(netns_cluster: NetnsSlurmCluster, data
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     logs = list(logdir.glob("result_*.txt"))
     assert len(logs) == 1, logs
-    assert_compliant(logs[0])
+    assert_compliant(logs[0], "aborted")
 
 
 def test_a_cut_link_ends_the_job_naming_the_lost_ranks_and_the_run_resumes(
@@ -106,7 +107,7 @@ def test_a_cut_link_ends_the_job_naming_the_lost_ranks_and_the_run_resumes(
     assert (result.state, result.exit_code) == ("COMPLETED", 0), resumed[-4000:]
     log = logdir / "result_mn2_1.txt"
     assert [e for e in events(log) if e["key"] == "resumed"]
-    assert_compliant(log)
+    assert_compliant(log, "aborted")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,11 @@
-"""Jobs that outlive their processes, on a real two-rank job under `bertperf launch`. The
-preemption warning (SIGUSR1: what Slurm's --signal sends before a job's time limit or its
-preemption): the launcher forwards it to its ranks, they agree on a step, write one checkpoint
-there, end the MLPerf log aborted with the reason, and the job exits 75; RESUME_FROM=auto then
-finishes it on the uninterrupted job's loss curve (rtol 1e-5), to the same model, and both logs
-pass the compliance checker (open division: a closed-division log of a run stopped before its
-target fails the target's check). A rank killed after a checkpoint (--max-restarts): every rank
-starts again from it and the job finishes on the same curve; killed again before a newer
-checkpoint: the job stops with one line."""
+"""Jobs that outlive their processes, on a real two-rank job under `bertperf launch`. A rank
+killed (--max-restarts): every rank starts again from the newest checkpoint, or the start; killed
+again before a newer checkpoint: the job stops with one line. The preemption warning (SIGUSR1:
+what Slurm's --signal sends before a job's time limit or its preemption): the launcher forwards
+it to its ranks, they agree on a step, write one checkpoint there, end the MLPerf log aborted
+with the reason, and the job exits 75. RESUME_FROM=auto then finishes it on the uninterrupted
+job's loss curve (rtol 1e-5), to the same model, and the logs pass the compliance checker (open
+division: a closed-division log of a run stopped before its target fails the target's check)."""
 
 from __future__ import annotations
 
@@ -78,80 +77,98 @@ def same_run(whole: Path, folder: Path, logs: list[Path]) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_launch_forwards_the_warning_and_the_job_resumes_on_the_same_curve(data, whole,
-                                                                          tmp_path):
-    cut, env = tmp_path / "cut", ENV
-
-    with reaped(subprocess.Popen(LAUNCH, env={**base_env(data, cut, 2), **env}, cwd=tmp_path,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True)) as job:
-        deadline = time.monotonic() + LAUNCH_TIMEOUT
-        while max(losses(cut / "result_0.txt"), default=0) < 9:
-            assert time.monotonic() < deadline and job.poll() is None, job.poll()
-            time.sleep(0.1)
-        job.send_signal(signal.SIGUSR1)  # the launcher alone (run.sub's --signal=B:USR1 path)
-        job.send_signal(signal.SIGUSR1)  # twice: one checkpoint, one stop
-        out, _ = job.communicate(timeout=120)
-    assert job.returncode == 75, out[-3000:]
-    assert "Traceback" not in out and "bertperf: error" not in out, out[-3000:]
-    [stop] = [e["metadata"] for e in events(cut / "result_0.txt") if e["key"] == "run_stop"]
-    step = int(stop["reason"].removeprefix("preempted, checkpoint at step "))
-    assert stop["status"] == "aborted" and step % int(EVERY) == 0 and step >= 12
-    written = {file_name(step)} | ({file_name(16)} if step > 16 else set())  # CHECKPOINT_EVERY
-    assert {p.name for p in (cut / "ckpt").glob("ckpt_*.pt")} == written
-    assert sorted(losses(cut / "result_0.txt")) == list(range(1, step + 1))
-
-    [(status, out)] = launch([(LAUNCH, {**base_env(data, cut, 2), **env,
-                                        "RESUME_FROM": "auto"})], tmp_path)
-    assert status == 0, out[-3000:]
-    kept, resumed = cut / "result_0.txt.1", cut / "result_0.txt"
-    assert min(losses(resumed)) == step + 1
-    same_run(whole, cut, [kept, resumed])
-    for log in (kept, resumed):
-        assert "SUCCESS" in checker(log).stderr, checker(log).stderr[-2000:]
-
-
 def kill_rank_after(job: subprocess.Popen, log: Path, step: int) -> int:
     """SIGKILL rank 1 of `job` once `log` has step `step`; its pid."""
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    while max(losses(log), default=0) < step:
-        assert time.monotonic() < deadline and job.poll() is None, job.poll()
-        time.sleep(0.05)
+    wait_for_step(job, log, step)
     pid = rank_pids(job.pid)[1]
     os.kill(pid, signal.SIGKILL)
     return pid
 
 
-@pytest.mark.parametrize("at, kills", [(18, 1), (18, 2), (5, 1)])
-def test_a_killed_rank_restarts_the_job_from_its_checkpoint(data, whole, tmp_path, at, kills):
-    """--max-restarts 3, rank 1 killed at step 18 (after the checkpoint at 16): every rank starts
-    again from it, the dead rank named once, and the job finishes on the uninterrupted curve;
-    killed at step 18 again, before a newer checkpoint, it stops with one line. Killed at step 5,
-    before any checkpoint: every rank starts again from the start, to the same end."""
+def wait_for_step(job: subprocess.Popen, log: Path, step: int) -> None:
+    """Until `log` has step `step` (`job` running)."""
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while max(losses(log), default=0) < step:
+        assert time.monotonic() < deadline and job.poll() is None, job.poll()
+        time.sleep(0.05)
+
+
+def wait_for_file(job: subprocess.Popen, path: Path) -> None:
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while not path.exists():
+        assert time.monotonic() < deadline and job.poll() is None, job.poll()
+        time.sleep(0.05)
+
+
+def restarted(pid: int, start: str, restart: int) -> str:
+    """launch's line for a restart after rank 1 (`pid`) was killed."""
+    return (f"launch: rank 1 (local rank 1, pid {pid}) died: SIGKILL; starting every rank "
+            f"again from {start} (restart {restart} of 3)")
+
+
+def test_a_job_restarts_after_each_crash_then_stops_at_the_warning_and_resumes(data, whole,
+                                                                              tmp_path):
+    """One job's life under `bertperf launch --max-restarts 3`: rank 1 killed at step 5, before
+    any checkpoint: every rank starts again from the start; killed at step 18, after the
+    checkpoint at 16: every rank starts again from it (the dead rank named once each time).
+    Then the warning, twice, to the launcher alone (run.sub's --signal=B:USR1 path): it passes it
+    to the restarted ranks, they agree on a step, write one checkpoint there, end the log
+    aborted with the reason, and the job exits 75 (not restarted). RESUME_FROM=auto finishes it:
+    the logs joined are the uninterrupted job's curve, the same model at the end, and the
+    preempted and the resumed logs pass the checker."""
     out = tmp_path / "job"
+    log = out / "result_0.txt"
     with reaped(subprocess.Popen([*LAUNCH[:-1], "--max-restarts", "3", "train"],
                                  env={**base_env(data, out, 2), **ENV}, cwd=tmp_path,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)) as job:
-        pids = [kill_rank_after(job, out / "result_0.txt", at)]
-        if kills == 2:
-            deadline = time.monotonic() + LAUNCH_TIMEOUT
-            while not (out / "result_0.txt.1").exists():  # the restarted ranks' new log
-                assert time.monotonic() < deadline and job.poll() is None
-                time.sleep(0.05)
-            pids.append(kill_rank_after(job, out / "result_0.txt", at))
+        pids = [kill_rank_after(job, log, 5)]
+        wait_for_file(job, out / "result_0.txt.1")  # the restarted ranks' new log
+        pids.append(kill_rank_after(job, log, 18))
+        wait_for_file(job, out / "result_0.txt.2")
+        wait_for_step(job, log, 21)
+        job.send_signal(signal.SIGUSR1)
+        job.send_signal(signal.SIGUSR1)  # twice: one checkpoint, one stop
         text, _ = job.communicate(timeout=LAUNCH_TIMEOUT)
+    assert job.returncode == 75, text[-3000:]
+    assert "Traceback" not in text and "bertperf: error" not in text, text[-3000:]
     said = [line for line in text.splitlines() if line.startswith(("launch: ", "bertperf: "))]
-    died = f"rank 1 (local rank 1, pid {pids[0]}) died: SIGKILL"
-    start = out / "ckpt" / file_name(16) if at > 16 else "the start"
-    assert said[0] == f"launch: {died}; starting every rank again from {start} (restart 1 of " \
-        "3)", text[-3000:]
+    assert said == [restarted(pids[0], "the start", 1),
+                    restarted(pids[1], str(out / "ckpt" / file_name(16)), 2),
+                    "launch: the ranks stopped at the preemption warning, their checkpoint saved "
+                    "(exit status 75)"], text[-3000:]
+    [stop] = [e["metadata"] for e in events(log) if e["key"] == "run_stop"]
+    step = int(stop["reason"].removeprefix("preempted, checkpoint at step "))
+    assert stop["status"] == "aborted" and step % int(EVERY) == 0 and step >= 24
+    assert {p.name for p in (out / "ckpt").glob("ckpt_*.pt")} == {file_name(16), file_name(step)}
+    assert sorted(losses(log)) == list(range(17, step + 1))
+
+    [(status, text)] = launch([(LAUNCH, {**base_env(data, out, 2), **ENV,
+                                         "RESUME_FROM": "auto"})], tmp_path)
+    assert status == 0, text[-3000:]
+    preempted, resumed = out / "result_0.txt.3", log
+    assert min(losses(resumed)) == step + 1
+    same_run(whole, out, [out / "result_0.txt.1", out / "result_0.txt.2", preempted, resumed])
+    for done in (preempted, resumed):
+        assert "SUCCESS" in checker(done).stderr, checker(done).stderr[-2000:]
+
+
+def test_a_rank_dying_again_before_a_newer_checkpoint_stops_the_job(data, tmp_path):
+    """Rank 1 killed at step 6, after the checkpoint at 4, and again at step 6 once every rank
+    started again from it: no newer checkpoint, so the job stops with one line, not a loop."""
+    out = tmp_path / "job"
+    with reaped(subprocess.Popen([*LAUNCH[:-1], "--max-restarts", "3", "train"],
+                                 env={**base_env(data, out, 2), **ENV, "CHECKPOINT_EVERY": "4"},
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True)) as job:
+        pids = [kill_rank_after(job, out / "result_0.txt", 6)]
+        wait_for_file(job, out / "result_0.txt.1")
+        pids.append(kill_rank_after(job, out / "result_0.txt", 6))
+        text, _ = job.communicate(timeout=LAUNCH_TIMEOUT)
+    assert job.returncode == 1, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
-    if kills == 1:
-        assert job.returncode == 0 and len(said) == 1, text[-3000:]
-        same_run(whole, out, [out / "result_0.txt.1", out / "result_0.txt"])
-    else:
-        assert job.returncode == 1, text[-3000:]
-        assert said[1:] == [f"bertperf: error: rank 1 (local rank 1, pid {pids[1]}) died: "
-                            f"SIGKILL, again with no checkpoint newer than "
-                            f"{out / 'ckpt' / file_name(16)}: not restarting"], text[-3000:]
+    said = [line for line in text.splitlines() if line.startswith(("launch: ", "bertperf: "))]
+    newest = out / "ckpt" / file_name(4)
+    assert said == [restarted(pids[0], str(newest), 1),
+                    f"bertperf: error: rank 1 (local rank 1, pid {pids[1]}) died: SIGKILL, again "
+                    f"with no checkpoint newer than {newest}: not restarting"], text[-3000:]

@@ -44,59 +44,82 @@ def test_sbatch_run_sub_trains_across_two_nodes(uninterrupted):
     assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-4000:]
     assert result.fields["NodeList"] == "n[1-2]"
     assert "global batch 16 (4 ranks" in out
-    assert_compliant(log)
+    assert_compliant(log, "aborted")
 
 
-def logged_steps(log: Path) -> int:
-    """train_loss events in a log being written (0 while a line is half there)."""
+def logged_steps(log: Path, resumed: bool) -> int:
+    """train_loss events in a log being written (0 while a line is half there), and in a
+    resumed run's only (0 while the log is still the earlier run's)."""
     try:
-        return len([e for e in events(log) if e["key"] == "train_loss"]) if log.exists() else 0
+        logged = events(log) if log.exists() else []
     except ValueError:
         return 0
+    if resumed and not any(e["key"] == "resumed" for e in logged):
+        return 0
+    return len([e for e in logged if e["key"] == "train_loss"])
+
+
+def warn_and_requeue(cluster: NetnsSlurmCluster, job: str, log: Path, steps: int, whom: str,
+                     restarts: int, out: Path) -> None:
+    """Once `log` has `steps` losses (the requeued run's after a first requeue), Slurm's warning
+    to `whom` (scancel --signal=USR1 --batch/--full); then wait for run.sub's requeue (the job
+    pending, `restarts` restarts, both nodes idle) and let it start at once."""
+    deadline = time.monotonic() + 180
+    while logged_steps(log, resumed=restarts > 1) < steps:
+        assert time.monotonic() < deadline, out.read_text()[-3000:] if out.exists() else job
+        time.sleep(0.2)
+    cluster.run(["scancel", "--signal=USR1", whom, job])
+    deadline = time.monotonic() + 120  # requeued, Slurm holds it 2 min (BeginTime): not here
+    while (cluster.job(job).get("Restarts"), cluster.job(job).get("JobState"),
+           cluster.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split()) != \
+            (str(restarts), "PENDING", ["idle"] * 2):
+        assert time.monotonic() < deadline, out.read_text()[-3000:]
+        time.sleep(0.2)
+    time.sleep(5)  # sooner, a node may still refuse the job ("already killed")
+    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
 
 
 def test_the_warning_checkpoints_requeues_and_the_job_finishes_by_itself(
         netns_cluster: NetnsSlurmCluster, data, tmp_path, uninterrupted):  # noqa: F811
-    """Slurm's warning to the batch shell (scancel --signal=USR1 --batch, what --signal=B:USR1@N
-    sends before the time limit): run.sub passes it to the 4 ranks, they checkpoint at a step
-    they agree on and end their log aborted ("preempted, checkpoint at step N"), run.sub
-    requeues the job, and the requeued job resumes that trial with RESUME_FROM=auto and
-    finishes it: a compliant log of a resumed run, the preempted one kept beside it, their loss
-    curve joined the uninterrupted job's (rtol 1e-5), the same model at the end."""
+    """Slurm's warning, first to the batch shell alone (scancel --signal=USR1 --batch, what
+    --signal=B:USR1@N sends before the time limit: run.sub passes it on to the 4 ranks), then,
+    once the requeued job has trained a few steps, to every process of the job at once
+    (--full: the batch shell, srun, the console's tee, every rank). Each time the ranks
+    checkpoint at a step they agree on and end their log aborted ("preempted, checkpoint at step
+    N"), run.sub requeues the job, and the requeued job resumes that trial with RESUME_FROM=auto;
+    the second finishes it: a compliant log of a resumed run, the preempted ones kept beside it,
+    their loss curve joined the uninterrupted job's (rtol 1e-5), the same model at the end."""
     logdir, ckpt = tmp_path / "results", tmp_path / "ckpt"
     env = two_node_env(data, logdir, CHECKPOINT_DIR=str(ckpt), **KEEP)
     out = tmp_path / "job.out"
     job = netns_cluster.sbatch(ROOT / "run.sub", "--nodes=2", "--ntasks-per-node=2",
                                f"--output={out}", env=env, cwd=ROOT)  # run.sub's --requeue
     log = logdir / "result_mn_1.txt"
-    deadline = time.monotonic() + 180
-    while logged_steps(log) < 5:
-        assert time.monotonic() < deadline, out.read_text()[-3000:] if out.exists() else job
-        time.sleep(0.2)
-    netns_cluster.run(["scancel", "--signal=USR1", "--batch", job])
-    deadline = time.monotonic() + 120  # requeued, Slurm holds it 2 min (BeginTime): not here
-    while (netns_cluster.job(job).get("Restarts"), netns_cluster.job(job).get("JobState"),
-           netns_cluster.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split()) != \
-            ("1", "PENDING", ["idle"] * 2):
-        assert time.monotonic() < deadline, out.read_text()[-3000:]
-        time.sleep(0.2)
-    time.sleep(5)  # sooner, a node may still refuse the job ("already killed")
-    netns_cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    warn_and_requeue(netns_cluster, job, log, 5, "--batch", 1, out)
+    warn_and_requeue(netns_cluster, job, log, 3, "--full", 2, out)
     result = netns_cluster.wait(job, timeout=240)
     text = out.read_text()
     assert (result.state, result.exit_code) == ("COMPLETED", 0), (result, text[-4000:])
-    assert result.fields["Restarts"] == "1", result.fields
-    assert f"trial 1 stopped at the preemption warning; requeueing job {job}" in text
-    kept = logdir / "result_mn_1.txt.1"
-    [stop] = [e["metadata"] for e in events(kept) if e["key"] == "run_stop"]
-    step = int(stop["reason"].removeprefix("preempted, checkpoint at step "))
-    assert stop["status"] == "aborted" and step % 2 == 0
-    [resumed] = [e for e in events(log) if e["key"] == "resumed"]
-    assert resumed["metadata"]["step"] == step
-    assert_compliant(log)
+    assert result.fields["Restarts"] == "2", result.fields
+    assert text.count(f"trial 1 stopped at the preemption warning; requeueing job {job}") == 2
+    kept = [logdir / "result_mn_1.txt.1", logdir / "result_mn_1.txt.2"]
+    stops = []
+    for earlier in kept:
+        [stop] = [e["metadata"] for e in events(earlier) if e["key"] == "run_stop"]
+        assert stop["status"] == "aborted", stop
+        stops.append(int(stop["reason"].removeprefix("preempted, checkpoint at step ")))
+    assert stops[0] < stops[1] and all(step % 2 == 0 for step in stops), stops
+    console = (logdir / "mn_1.log").read_text()  # every attempt's lines, to its end
+    for step in stops:
+        assert f"run_stop: aborted, preempted, checkpoint at step {step} after" in console, \
+            console[-3000:]
+    assert [e["metadata"]["step"] for e in events(kept[1]) if e["key"] == "resumed"] == \
+        [stops[0]]
+    assert [e["metadata"]["step"] for e in events(log) if e["key"] == "resumed"] == [stops[1]]
+    assert_compliant(log, "aborted")
     whole_log, whole_ckpt, whole, _ = uninterrupted
     assert whole.state == "COMPLETED"
-    joined = {**step_losses(kept), **step_losses(log)}
+    joined = {**step_losses(kept[0]), **step_losses(kept[1]), **step_losses(log)}
     expected = step_losses(whole_log)
     assert sorted(joined) == sorted(expected)
     assert [joined[s] for s in sorted(joined)] == pytest.approx(

@@ -1,8 +1,8 @@
 """The CPU job as the launch tests run it (test_launch.py, test_multinode.py, the container
 tests): config_CPU_1x2x32x1.sh's variables with its data and length swapped for the copy task
 (copy_task.py: global batch 16 on 2 ranks, MLPerf's 0.720 within a few hundred steps), so a run
-takes seconds; and the check a finished run's log must pass (the compliance checker, status
-success, the global batch)."""
+takes seconds, or CAPPED at 40 steps; and the check a finished run's log must pass (the
+compliance checker, its status, the global batch)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,13 @@ def job_env(data: dict, logdir: Path, **extra: str) -> dict:
             **extra}
 
 
+CAPPED = {"MAX_SAMPLES_TERMINATION": "640"}
+"""A job stopped after 40 steps of global batch 16 (two evals), before the target: its log ends
+aborted, which the open division's checker accepts, and run_and_time.sh prints its RESULT line.
+For the tests of how ranks start, stop and resume, which a run to the target (about 160 steps)
+adds nothing to; the NEXP and submission tests run to it."""
+
+
 def mllog_values(log: Path) -> dict:
     """A log's eval accuracies, run_stop statuses and global batch sizes."""
     ev = events(log)
@@ -42,10 +49,11 @@ def mllog_values(log: Path) -> dict:
             "gbs": [e["value"] for e in ev if e["key"] == "global_batch_size"]}
 
 
-def assert_compliant(log: Path) -> dict:
-    """The log passes the compliance checker, its run succeeded at global batch 16: its values."""
+def assert_compliant(log: Path, status: str = "success") -> dict:
+    """The log passes the compliance checker, its run ended with `status` (aborted: CAPPED) at
+    global batch 16: its values."""
     check = checker(log)
     assert "SUCCESS" in check.stderr, check.stderr[-3000:]
     values = mllog_values(log)
-    assert values["status"] == ["success"] and values["gbs"] == [16]
+    assert values["status"] == [status] and values["gbs"] == [16], values
     return values
