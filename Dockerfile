@@ -4,7 +4,8 @@
 #   docker build -t bertperf:latest .
 # Another base: --build-arg FROM_IMAGE_NAME=<image with python, pip and torch 2.10 to 2.13>; a base
 # without torch takes the wheel in the build context's .whl/ (container/build.sh: plain Debian).
-# --build-arg EXTRAS=mpi leaves torchao (FP8=1) out.
+# --build-arg EXTRAS=mpi leaves torchao (FP8=1) out; EXTRAS=mpi,fp8,tensorboard adds
+# TENSORBOARD=1's package.
 # NGC 25.12 (NVIDIA's release notes): torch 2.10.0a0+b4e4ee81d3, CUDA 13.1.0, Python 3.12.
 ARG FROM_IMAGE_NAME=nvcr.io/nvidia/pytorch:25.12-py3
 FROM ${FROM_IMAGE_NAME}

@@ -63,7 +63,7 @@ UNIT := tests/unit
 TESTS := -n 2 --dist loadfile --no-loadscope-reorder $(E2E) $(UNIT)
 
 test: setup
-	$(PY) -m pytest -q --durations=10 $(TESTS)
+	$(PY) -m pytest -q --durations=25 $(TESTS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(TESTS)

@@ -30,7 +30,7 @@ from tests.support.slurm_cluster import SlurmCluster
 def test_sbatch_run_sub_runs_nexp_compliant_runs(slurm_cluster: SlurmCluster, data, tmp_path):
     logdir = tmp_path / "results"
     env = job_env(data, logdir, NEXP="2", MASTER_PORT=str(free_port()), CLEAR_CACHES="1",
-                  DATESTAMP="test")
+                  DATESTAMP="test", **CAPPED)
     job = slurm_cluster.sbatch(ROOT / "run.sub", "--nodes=1", "--ntasks-per-node=2",
                                f"--output={tmp_path / 'slurm.out'}", env=env, cwd=ROOT)
     result = slurm_cluster.wait(job, timeout=300)
@@ -38,7 +38,7 @@ def test_sbatch_run_sub_runs_nexp_compliant_runs(slurm_cluster: SlurmCluster, da
     assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-4000:]
     assert "train --check: OK: global batch 16 (2 ranks" in out
     for i in (1, 2):  # run i has seed SEED + i - 1 on both ranks
-        assert_compliant(logdir / f"result_test_{i}.txt")
+        assert_compliant(logdir / f"result_test_{i}.txt", "aborted")
         seeds = [e["value"] for e in events(logdir / f"result_test_{i}.txt") if e["key"] == "seed"]
         assert seeds == [i - 1]
         console = (logdir / f"test_{i}.log").read_text()

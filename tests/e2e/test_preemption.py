@@ -25,6 +25,7 @@ from tests.support.copy_task import add_manifests, make_dataset
 from tests.support.mlperf_logs import checker
 from tests.e2e.test_train_faults import rank_pids
 from tests.support.runs import LAUNCH_TIMEOUT, base_env, launch, reaped
+from tests.support.tensorboard import curves
 
 pytestmark = pytest.mark.slow
 
@@ -118,8 +119,9 @@ def test_a_job_restarts_after_each_crash_then_stops_at_the_warning_and_resumes(d
     preempted and the resumed logs pass the checker."""
     out = tmp_path / "job"
     log = out / "result_0.txt"
+    board = {"TENSORBOARD": "1"}
     with reaped(subprocess.Popen([*LAUNCH[:-1], "--max-restarts", "3", "train"],
-                                 env={**base_env(data, out, 2), **ENV}, cwd=tmp_path,
+                                 env={**base_env(data, out, 2), **ENV, **board}, cwd=tmp_path,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)) as job:
         pids = [kill_rank_after(job, log, 5)]
@@ -143,7 +145,7 @@ def test_a_job_restarts_after_each_crash_then_stops_at_the_warning_and_resumes(d
     assert {p.name for p in (out / "ckpt").glob("ckpt_*.pt")} == {file_name(16), file_name(step)}
     assert sorted(losses(log)) == list(range(17, step + 1))
 
-    [(status, text)] = launch([(LAUNCH, {**base_env(data, out, 2), **ENV,
+    [(status, text)] = launch([(LAUNCH, {**base_env(data, out, 2), **ENV, **board,
                                          "RESUME_FROM": "auto"})], tmp_path)
     assert status == 0, text[-3000:]
     preempted, resumed = out / "result_0.txt.3", log
@@ -151,6 +153,13 @@ def test_a_job_restarts_after_each_crash_then_stops_at_the_warning_and_resumes(d
     same_run(whole, out, [out / "result_0.txt.1", out / "result_0.txt.2", preempted, resumed])
     for done in (preempted, resumed):
         assert "SUCCESS" in checker(done).stderr, checker(done).stderr[-2000:]
+    # TENSORBOARD=1: rank 0's event file a start; the curve joined across the crashes and the
+    # warning is the uninterrupted log's, each step once (a restart hides what it trains again)
+    folder = out / "result_0.txt.tensorboard"
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 4
+    expected = losses(whole / "result_0.txt")
+    assert curves(folder)["train/loss"] == [(s, pytest.approx(expected[s], rel=1e-6))
+                                            for s in sorted(expected)]
 
 
 def test_a_rank_dying_again_before_a_newer_checkpoint_stops_the_job(data, tmp_path):

@@ -38,7 +38,8 @@ CAPPED = {"MAX_SAMPLES_TERMINATION": "640"}
 """A job stopped after 40 steps of global batch 16 (two evals), before the target: its log ends
 aborted, which the open division's checker accepts, and run_and_time.sh prints its RESULT line.
 For the tests of how ranks start, stop and resume, which a run to the target (about 160 steps)
-adds nothing to; the NEXP and submission tests run to it."""
+adds nothing to; the submission's runs (tests/e2e/test_submission.py) and the container's reach
+it."""
 
 
 def mllog_values(log: Path) -> dict:

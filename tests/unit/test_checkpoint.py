@@ -19,6 +19,7 @@ import torch
 from tests.support.copy_task import make_dataset, tiny_bert_config
 from tests.support.mlperf_logs import checker
 from tests.support.paths import PYTHONPATH
+from tests.support.tensorboard import curves
 
 N = 20  # steps of the whole run; 64 training samples / 8 per step = 8 steps an epoch
 
@@ -33,7 +34,8 @@ def data(tmp_path_factory) -> dict:
 
 def base_env(data: dict, out: Path, **extra: str) -> dict:
     return {**data, "BATCHSIZE": "4", "GRADIENT_STEPS": "2", "LR": "0.01", "MAX_STEPS": str(N),
-            "WARMUP_PROPORTION": "0.2", "EVAL_ITER_SAMPLES": "24", "TARGET_MLM_ACCURACY": "0.99", "SUBMISSION_DIVISION": "open",
+            "WARMUP_PROPORTION": "0.2", "EVAL_ITER_SAMPLES": "24", "TARGET_MLM_ACCURACY": "0.99",
+            "SUBMISSION_DIVISION": "open",
             "SEED": "3", "LOG_FREQ": "0", "LOGDIR": str(out), "MLLOG_FILE": str(out / "log.txt"),
             **extra}
 
@@ -62,16 +64,6 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
     for i, s in state["optimizer"]["state"].items():
         out.update({f"opt.{i}.{k}": v for k, v in s.items() if isinstance(v, torch.Tensor)})
     return out
-
-
-def curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """TENSORBOARD=1's curves in `folder` as TensorBoard shows them, (step, value) by tag: what
-    a resumed run purged left out."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(str(folder))
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]}
 
 
 def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch, capsys, data):
