@@ -28,8 +28,9 @@ pytestmark = pytest.mark.slow
 def two_node_env(data: dict, logdir: Path, **extra: str) -> dict:  # noqa: F811
     """The CPU config on 2 nodes x 2 ranks, CAPPED: BATCHSIZE 4 keeps test_launch's global
     batch 16."""
-    return job_env(data, logdir, DGXNNODES="2", BATCHSIZE="4", NEXP="1", CLEAR_CACHES="0",
-                   MASTER_PORT=str(free_port()), DATESTAMP="mn", **{**CAPPED, **extra})
+    return job_env(data, logdir, **{"DGXNNODES": "2", "BATCHSIZE": "4", "NEXP": "1",
+                                    "CLEAR_CACHES": "0", "MASTER_PORT": str(free_port()),
+                                    "DATESTAMP": "mn", **CAPPED, **extra})
 
 
 def sbatch_run_sub(cluster: NetnsSlurmCluster, env: dict, out: Path) -> str:

@@ -28,21 +28,44 @@ RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
 """What would make a child of the test process take itself for a rank of some job."""
 
 
-def train(tmp_path: Path, data: dict | None = None, **env: str
-          ) -> tuple[subprocess.CompletedProcess, Path]:
-    """One rank on `data` (make_dataset's; default a fresh copy task under tmp_path), `env` on
-    top, in tmp_path: (the run, its MLPerf log)."""
+def train_env(tmp_path: Path, data: dict | None = None, **env: str) -> dict:
+    """`train`'s environment: one rank on `data` (make_dataset's; default a fresh copy task
+    under tmp_path), `env` on top, its log tmp_path/result_0.txt."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = data or make_dataset(tmp_path / "data")
-    log = tmp_path / "result_0.txt"
-    full = {**{k: v for k, v in os.environ.items()
+    return {**{k: v for k, v in os.environ.items()
                if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")},
             **data, "PYTHONPATH": PYTHONPATH, "BATCHSIZE": "16", "LR": "0.02", "MAX_STEPS": "600",
-            "EVAL_ITER_SAMPLES": "320", "SEED": "0", "LOG_FREQ": "20", "MLLOG_FILE": str(log),
-            "LOGDIR": str(tmp_path), **env}
+            "EVAL_ITER_SAMPLES": "320", "SEED": "0", "LOG_FREQ": "20",
+            "MLLOG_FILE": str(tmp_path / "result_0.txt"), "LOGDIR": str(tmp_path), **env}
+
+
+def train(tmp_path: Path, data: dict | None = None, **env: str
+          ) -> tuple[subprocess.CompletedProcess, Path]:
+    """One rank (train_env) in tmp_path: (the run, its MLPerf log)."""
+    full = train_env(tmp_path, data, **env)
     run = subprocess.run([sys.executable, "-m", "bertperf", "train"], env=full, cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
-    return run, log
+    return run, Path(full["MLLOG_FILE"])
+
+
+SEVERAL = """
+import json, sys
+from bertperf import config
+from bertperf.train import loop
+for env in json.load(sys.stdin):
+    print(loop.main(config.load(env)), flush=True)
+"""
+
+
+def train_in_one_process(envs: list[dict]) -> subprocess.CompletedProcess:
+    """Runs of train_env's environments one after another in one process (loop.main each, as
+    `train` calls it): the imports, most of a tiny run's time, paid once. Its stdout: each
+    run's exit status, a line each. The process's own environment is the first run's."""
+    import json
+    return subprocess.run([sys.executable, "-c", SEVERAL], input=json.dumps(envs), env=envs[0],
+                          cwd=Path(envs[0]["LOGDIR"]), capture_output=True, text=True,
+                          timeout=300)
 
 
 def base_env(data: dict, out: Path, world: int) -> dict:
