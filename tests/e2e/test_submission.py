@@ -2,11 +2,12 @@
 `bertperf check --submission` passes it with the official checkers (ruleset 5.0.0).
 
 The runs are those of tests/e2e/test_train_compliance.py (tests/support/runs.py's train_env: the
-copy task, GBS 16, an eval every 320 samples), with seeds 1..10 (the seed checker wants a distinct seed
-per run). Measured 2026-11-22 on a 2-core box: each reaches the 0.720 target after 2,240-2,880
-samples. OMP_NUM_THREADS=1 matters: the tiny model is ~3x slower with 2 intra-op threads than with
-1. A run alone takes about 4 s, most of it the process's imports: the runs go five after another
-in each of two single-threaded processes (tests/support/runs.py's train_in_one_process).
+copy task, GBS 16, an eval every 320 samples), with seeds 1..10 (the seed checker wants a
+distinct seed per run). Measured 2026-11-22 on a 2-core box: each reaches the 0.720 target after
+2,240-2,880 samples. OMP_NUM_THREADS=1 matters: the tiny model is ~3x slower with 2 intra-op
+threads than with 1. A run alone takes about 4 s, most of it the process's imports: the runs go
+five after another in each of two single-threaded processes (tests/support/runs.py's
+train_in_one_process).
 
 Global batch size 16 is not in the BERT RCP table (its smallest is 256), so the RCP check fails
 with "Missing RCP, please submit RCP with BS = 16"; the package passes only with the RCP bypass,
