@@ -251,13 +251,13 @@ def test_a_rank_that_dies_stops_the_job(data, tmp_path):
 
 def rank_pids(launcher: int) -> dict[int, int]:
     """{rank: pid} of the processes a launcher started, read from /proc (their RANK)."""
+    from bertperf.train.launch import children
     ranks = {}
-    for children in Path(f"/proc/{launcher}/task").glob("*/children"):
-        for pid in map(int, children.read_text().split()):
-            env = dict(v.split(b"=", 1) for v in
-                       Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
-            if b"RANK" in env:
-                ranks[int(env[b"RANK"])] = pid
+    for pid in children(launcher):
+        env = dict(v.split(b"=", 1) for v in
+                   Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+        if b"RANK" in env:
+            ranks[int(env[b"RANK"])] = pid
     return ranks
 
 

@@ -71,11 +71,6 @@ def _first(failures: Mapping[int, object]) -> tuple[int, object]:
     return min(failures.items(), key=lambda item: (_blame(item[1]), item[1].timestamp))
 
 
-def cause(failures: Mapping[int, object]):
-    """The ProcessFailure that caused the others among `failures` (_first)."""
-    return _first(failures)[1]
-
-
 def failure_line(failures: Mapping[int, object]) -> str:
     """One line on the failure that caused the others among `failures` ({global rank: torch's
     ProcessFailure}), as _first orders them."""
@@ -148,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                                                    *args.args)
             return 0
         except ChildFailedError as exc:
-            if cause(exc.failures).exitcode == PREEMPTED:  # every rank saved and stopped
+            if _first(exc.failures)[1].exitcode == PREEMPTED:  # every rank saved and stopped
                 print(f"launch: the ranks stopped at the preemption warning, their checkpoint "
                       f"saved (exit status {PREEMPTED})", file=sys.stderr)
                 return PREEMPTED
